@@ -1,0 +1,46 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Both set everything up themselves.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck unit rules setup tools clean bench
+
+demo: setup
+	$(BIN)/python -m examples.demo
+
+test: setup lint typecheck rules unit
+
+setup: $(STAMP) tools
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+# Prometheus, promtool, Alertmanager and amtool from Debian, installed only when missing.
+tools:
+	@bash scripts/install-tools.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+rules: tools
+	promtool check rules alerts/*.yaml
+	promtool test rules alerts/tests/*.yaml
+	amtool check-config examples/alertmanager.yaml
+
+unit: $(STAMP)
+	$(BIN)/pytest
+
+bench: setup
+	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
