@@ -1,0 +1,204 @@
+"""End to end: a fault written to a kernel log reaches a dry-run remediation decision.
+
+Real exporter processes, real Prometheus with the rules in alerts/, real Alertmanager with
+examples/alertmanager.yaml, and the real remediator (dry-run, cluster snapshot) — the same pipeline
+`make demo` runs. Any broken link (exporter parsing, a rule, a route, the webhook, the policy) makes
+these tests fail.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from examples.pipeline import (
+    DEMO_FAULTS,
+    Outcome,
+    Pipeline,
+    observe,
+    port_is_free,
+    scratch_dir,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        not (shutil.which("prometheus") and shutil.which("prometheus-alertmanager")),
+        reason="needs Prometheus and Alertmanager (make test installs them)",
+    ),
+]
+
+
+class Run:
+    def __init__(self, pipeline: Pipeline, outcome: Outcome, stop_problems: list[str]) -> None:
+        self.pipeline = pipeline
+        self.outcome = outcome
+        self.stop_problems = stop_problems
+
+    def decisions_for(self, node: str) -> list[dict[str, Any]]:
+        return [d for d in self.outcome.decisions if d.get("node") == node]
+
+
+@pytest.fixture(scope="module")
+def run() -> Run:
+    with scratch_dir() as workdir:
+        pipeline = Pipeline(workdir=workdir)
+        try:
+            pipeline.start()
+            outcome = observe(pipeline, timeout=45.0)
+        finally:
+            problems = pipeline.stop()
+    return Run(pipeline, outcome, problems)
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if text.encode() in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_the_fatal_xid_fires_its_alert_with_the_gpu_labels(run: Run) -> None:
+    fatal = [a for a in run.outcome.firing if a["alertname"] == "AccelGPUFatalXid"]
+    assert len(fatal) == 1
+    assert fatal[0]["node"] == "gpu-node-1"
+    assert fatal[0]["pci_bus_id"] == "0000:9d:00"
+    assert fatal[0]["gpu"] == "4"
+    assert fatal[0]["xid"] == "79"
+    assert fatal[0]["severity"] == "critical"
+    assert fatal[0]["remediation"] == "drain"
+
+
+def test_the_neuron_error_fires_its_alert_on_the_trainium_node(run: Run) -> None:
+    neuron = [a for a in run.outcome.firing if a["alertname"] == "AccelNeuronHardwareError"]
+    assert [(a["node"], a["neuron_device"], a["error"]) for a in neuron] == [("trn-node-1", "0", "DMA_ERROR")]
+    assert neuron[0]["remediation"] == "replace"
+
+
+def test_the_application_xid_is_counted_but_raises_nothing(run: Run) -> None:
+    xid13 = next(f for f in DEMO_FAULTS if "Xid 13" in f.title)
+    assert any(e.kind == "series visible" and xid13.query in e.text for e in run.outcome.events)
+    assert [a for a in run.outcome.firing if a.get("xid") == "13"] == []
+    assert [a for a in run.outcome.firing if a["alertname"] == "AccelGPUApplicationXidRepeated"] == []
+    assert set(run.outcome.webhook_alerts) <= {"AccelGPUFatalXid", "AccelNeuronHardwareError"}
+
+
+def test_the_gpu_node_is_cordoned_and_drained_in_dry_run(run: Run) -> None:
+    records = run.decisions_for("gpu-node-1")
+    actions = [r["action"] for r in records]
+    assert "cordon" in actions
+    assert "drain" in actions
+    assert actions.index("cordon") < actions.index("drain")
+    assert all(r["dry_run"] is True for r in records)
+    assert all(r["alertname"] == "AccelGPUFatalXid" for r in records)
+    drain = next(r for r in records if r["action"] == "drain")
+    evicted = {f"{p['namespace']}/{p['name']}" for p in drain["details"]["evict"]}
+    assert "ml-team/llama-pretrain-worker-0" in evicted
+    skipped = {f"{p['namespace']}/{p['name']}": p["reason"] for p in drain["details"]["skip"]}
+    daemonset_pods = [name for name in skipped if name.startswith("accel-health/accel-health-exporter")]
+    assert daemonset_pods, skipped
+    assert "DaemonSet" in skipped[daemonset_pods[0]]
+    # Nothing may be evicted that kubectl drain would leave alone.
+    assert not evicted & set(skipped)
+
+
+def test_the_trainium_node_is_marked_for_replacement_in_dry_run(run: Run) -> None:
+    records = run.decisions_for("trn-node-1")
+    actions = [r["action"] for r in records]
+    assert "aws_set_unhealthy" in actions
+    assert "drain" in actions
+    assert actions.index("drain") < actions.index("aws_set_unhealthy")
+    assert all(r["dry_run"] is True for r in records)
+
+
+def test_no_node_without_a_fault_is_touched(run: Run) -> None:
+    assert {r["node"] for r in run.outcome.decisions} == {"gpu-node-1", "trn-node-1"}
+
+
+def test_the_timeline_shows_each_stage_in_order(run: Run) -> None:
+    kinds = [e.kind for e in run.outcome.events]
+    stages = ["fault written", "series visible", "alert firing", "webhook received", "decision"]
+    firsts = [kinds.index(stage) for stage in stages]
+    assert firsts == sorted(firsts)
+    times = {stage: next(e.at for e in run.outcome.events if e.kind == stage) for stage in stages}
+    assert times["fault written"] <= times["series visible"] <= times["alert firing"]
+    assert times["alert firing"] <= times["webhook received"] + 1.0  # clocks of two processes
+    assert run.outcome.detection_seconds < 30.0
+
+
+def test_every_process_stops_and_every_port_is_released(run: Run) -> None:
+    assert run.stop_problems == []
+    for proc in run.pipeline.processes:
+        assert proc.popen.returncode is not None, proc.name
+        for port in proc.ports:
+            assert port_is_free(port), (proc.name, port)
+
+
+def test_make_demo_prints_the_timeline_and_the_dry_run_decision() -> None:
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "examples.demo"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert elapsed < 90.0
+    out = result.stdout
+    for stage in ("fault written", "series visible", "alert firing", "webhook received", "decision"):
+        assert stage in out
+    assert "DRY RUN" in out
+    assert "gpu-node-1" in out
+    assert "trn-node-1" in out
+    assert "ml-team/llama-pretrain-worker-0" in out
+    assert "DaemonSet" in out
+    assert "Xid 13" in out
+    assert "no alert fired" in out
+    assert _processes_mentioning("accel-health-demo-") == []
+
+
+def test_ctrl_c_during_the_demo_stops_every_part() -> None:
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "examples.demo"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert demo.stdout is not None
+    deadline = time.monotonic() + 60
+    seen = ""
+    while time.monotonic() < deadline:
+        line = demo.stdout.readline()
+        seen += line
+        if "Prometheus is scraping" in line or not line:
+            break
+    assert "Prometheus is scraping" in seen, seen
+    assert _processes_mentioning("accel-health-demo-"), "the pipeline should be running now"
+    demo.send_signal(signal.SIGINT)
+    rest, _ = demo.communicate(timeout=30)
+    assert demo.returncode == 130, seen + rest
+    assert "interrupted" in rest
+    assert _processes_mentioning("accel-health-demo-") == []
+    assert list(Path(tempfile.gettempdir()).glob("accel-health-demo-*")) == []
