@@ -1,0 +1,357 @@
+"""The cluster as the remediator sees it: small typed views of nodes, pods and PDBs, and the seams.
+
+`Cluster` and `Aws` are the only ways the decision engine touches the outside world. The snapshot
+backend (executors/snapshot.py) implements both in memory; the Kubernetes and AWS executors of later
+issues implement the same Protocols. This module imports no client library: it is pure data.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Protocol
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend could not be reached; the webhook answers 503 so that Alertmanager retries."""
+
+
+class ObjectFormatError(ValueError):
+    """A Kubernetes object does not have the shape the remediator needs."""
+
+
+@dataclass(frozen=True)
+class Taint:
+    """A node taint, as in `spec.taints`."""
+
+    key: str
+    """Taint key, e.g. `accel-health.io/unhealthy`."""
+    value: str
+    """Taint value (may be empty)."""
+    effect: str
+    """NoSchedule, PreferNoSchedule or NoExecute."""
+
+
+@dataclass(frozen=True)
+class NodeCondition:
+    """One entry of a node's `status.conditions`."""
+
+    type: str
+    """Condition type, e.g. `AcceleratorHealthy`."""
+    status: str
+    """"True", "False" or "Unknown"."""
+    reason: str = ""
+    """CamelCase machine-readable reason (the alert name)."""
+    message: str = ""
+    """Human-readable message."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """What the remediator needs to know about a node."""
+
+    name: str
+    """metadata.name"""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """metadata.labels"""
+    unschedulable: bool = False
+    """spec.unschedulable: true once cordoned."""
+    taints: tuple[Taint, ...] = ()
+    """spec.taints"""
+    provider_id: str = ""
+    """spec.providerID, e.g. `aws:///us-west-2a/i-0123…`; empty when unknown."""
+    conditions: tuple[NodeCondition, ...] = ()
+    """status.conditions"""
+
+
+@dataclass(frozen=True)
+class OwnerReference:
+    """One entry of metadata.ownerReferences."""
+
+    kind: str
+    """Owner kind, e.g. Job, ReplicaSet, DaemonSet."""
+    name: str
+    """Owner name."""
+    controller: bool
+    """True for the managing controller."""
+
+
+@dataclass(frozen=True)
+class Pod:
+    """What drain planning needs to know about a pod."""
+
+    namespace: str
+    """metadata.namespace"""
+    name: str
+    """metadata.name"""
+    node_name: str = ""
+    """spec.nodeName"""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """metadata.labels (PDB selectors match on them)."""
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    """metadata.annotations (mirror pods carry kubernetes.io/config.mirror)."""
+    owners: tuple[OwnerReference, ...] = ()
+    """metadata.ownerReferences"""
+    phase: str = "Running"
+    """status.phase"""
+    emptydir_volumes: tuple[str, ...] = ()
+    """Names of the pod's emptyDir volumes."""
+
+    @property
+    def controller(self) -> OwnerReference | None:
+        """The owner reference with controller=true, if any."""
+        return next((o for o in self.owners if o.controller), None)
+
+
+@dataclass(frozen=True)
+class LabelRequirement:
+    """One matchExpressions entry of a label selector."""
+
+    key: str
+    """Label key."""
+    operator: str
+    """In, NotIn, Exists or DoesNotExist."""
+    values: tuple[str, ...] = ()
+    """Values for In / NotIn."""
+
+
+@dataclass(frozen=True)
+class LabelSelector:
+    """A Kubernetes label selector (matchLabels AND matchExpressions)."""
+
+    match_labels: Mapping[str, str] = field(default_factory=dict)
+    """matchLabels"""
+    match_expressions: tuple[LabelRequirement, ...] = ()
+    """matchExpressions"""
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """Kubernetes semantics; an empty selector matches everything (policy/v1 PDB)."""
+        if any(labels.get(k) != v for k, v in self.match_labels.items()):
+            return False
+        for req in self.match_expressions:
+            present = req.key in labels
+            ok = {
+                "In": present and labels.get(req.key) in req.values,
+                "NotIn": not present or labels.get(req.key) not in req.values,
+                "Exists": present,
+                "DoesNotExist": not present,
+            }.get(req.operator, False)
+            if not ok:
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class PodDisruptionBudget:
+    """The part of a PDB the eviction API consults."""
+
+    namespace: str
+    """metadata.namespace"""
+    name: str
+    """metadata.name"""
+    selector: LabelSelector = field(default_factory=LabelSelector)
+    """spec.selector"""
+    disruptions_allowed: int = 0
+    """status.disruptionsAllowed: 0 means every eviction is refused with 429."""
+
+
+class EvictionResult(enum.Enum):
+    """What the eviction API answered."""
+
+    EVICTED = "evicted"
+    REFUSED_BY_PDB = "refused-by-pdb"  # 429
+    GONE = "gone"  # 404
+
+
+class Cluster(Protocol):
+    """Everything the engine reads from or does to Kubernetes. Methods raise BackendUnavailable."""
+
+    async def get_node(self, name: str) -> Node | None:
+        """The node, or None when it does not exist."""
+        ...
+
+    async def list_pods(self, node: str) -> list[Pod]:
+        """Pods bound to the node (all namespaces)."""
+        ...
+
+    async def list_pdbs(self) -> list[PodDisruptionBudget]:
+        """All PodDisruptionBudgets."""
+        ...
+
+    async def cordon(self, node: str) -> None:
+        """Set spec.unschedulable=true."""
+        ...
+
+    async def uncordon(self, node: str) -> None:
+        """Set spec.unschedulable=false."""
+        ...
+
+    async def add_taint(self, node: str, taint: Taint) -> None:
+        """Add (or replace, by key and effect) a taint."""
+        ...
+
+    async def set_condition(self, node: str, condition: NodeCondition) -> None:
+        """Upsert a node condition by type (status subresource)."""
+        ...
+
+    async def record_event(self, *, node: str, reason: str, message: str, type_: str) -> None:
+        """Record a Kubernetes Event about the node."""
+        ...
+
+    async def evict_pod(
+        self, *, namespace: str, name: str, grace_period_seconds: int | None
+    ) -> EvictionResult:
+        """Create a policy/v1 Eviction for the pod."""
+        ...
+
+
+class Aws(Protocol):
+    """The AWS calls the engine makes. Methods raise BackendUnavailable when retrying could help."""
+
+    async def set_unhealthy(self, instance_id: str) -> None:
+        """SetInstanceHealth(Unhealthy, ShouldRespectGracePeriod=False): the ASG replaces it."""
+        ...
+
+    async def put_metric(
+        self, *, namespace: str, name: str, value: float, dimensions: Mapping[str, str]
+    ) -> None:
+        """PutMetricData of one value."""
+        ...
+
+
+def instance_id_from_provider_id(provider_id: str) -> str | None:
+    """`aws:///us-west-2a/i-0abc` or `aws:////i-0abc` -> `i-0abc`; None for other providers."""
+    if not provider_id.startswith("aws://"):
+        return None
+    last = provider_id.rstrip("/").rsplit("/", 1)[-1]
+    return last if last.startswith("i-") else None
+
+
+# -- parsing Kubernetes objects (dicts as kubectl -o yaml prints them) ---------------------------
+
+
+def _mapping(obj: Any, where: str) -> Mapping[str, Any]:
+    if obj is None:
+        return {}
+    if not isinstance(obj, Mapping):
+        raise ObjectFormatError(f"{where}: expected a mapping, got {type(obj).__name__}")
+    return obj
+
+
+def _list(obj: Any, where: str) -> list[Any]:
+    if obj is None:
+        return []
+    if not isinstance(obj, list):
+        raise ObjectFormatError(f"{where}: expected a list, got {type(obj).__name__}")
+    return obj
+
+
+def _str(obj: Any, where: str, *, required: bool = False) -> str:
+    if obj is None and not required:
+        return ""
+    if not isinstance(obj, str) or (required and not obj):
+        raise ObjectFormatError(f"{where}: expected a non-empty string, got {obj!r}")
+    return obj
+
+
+def _str_map(obj: Any, where: str) -> Mapping[str, str]:
+    raw = _mapping(obj, where)
+    return MappingProxyType({str(k): str(v) for k, v in raw.items()})
+
+
+def node_from_object(obj: Mapping[str, Any]) -> Node:
+    """A Node object (dict) -> Node."""
+    meta = _mapping(obj.get("metadata"), "metadata")
+    spec = _mapping(obj.get("spec"), "spec")
+    status = _mapping(obj.get("status"), "status")
+    taints = tuple(
+        Taint(
+            key=_str(_mapping(t, f"spec.taints[{i}]").get("key"), f"spec.taints[{i}].key", required=True),
+            value=_str(t.get("value"), f"spec.taints[{i}].value"),
+            effect=_str(t.get("effect"), f"spec.taints[{i}].effect"),
+        )
+        for i, t in enumerate(_list(spec.get("taints"), "spec.taints"))
+    )
+    conditions = tuple(
+        NodeCondition(
+            type=_str(_mapping(c, f"status.conditions[{i}]").get("type"), f"status.conditions[{i}].type"),
+            status=_str(c.get("status"), f"status.conditions[{i}].status"),
+            reason=_str(c.get("reason"), f"status.conditions[{i}].reason"),
+            message=_str(c.get("message"), f"status.conditions[{i}].message"),
+        )
+        for i, c in enumerate(_list(status.get("conditions"), "status.conditions"))
+    )
+    return Node(
+        name=_str(meta.get("name"), "metadata.name", required=True),
+        labels=_str_map(meta.get("labels"), "metadata.labels"),
+        unschedulable=bool(spec.get("unschedulable", False)),
+        taints=taints,
+        provider_id=_str(spec.get("providerID"), "spec.providerID"),
+        conditions=conditions,
+    )
+
+
+def pod_from_object(obj: Mapping[str, Any]) -> Pod:
+    """A Pod object (dict) -> Pod."""
+    meta = _mapping(obj.get("metadata"), "metadata")
+    spec = _mapping(obj.get("spec"), "spec")
+    status = _mapping(obj.get("status"), "status")
+    owners = []
+    for i, ref in enumerate(_list(meta.get("ownerReferences"), "metadata.ownerReferences")):
+        where = f"metadata.ownerReferences[{i}]"
+        ref_map = _mapping(ref, where)
+        owners.append(
+            OwnerReference(
+                kind=_str(ref_map.get("kind"), f"{where}.kind", required=True),
+                name=_str(ref_map.get("name"), f"{where}.name", required=True),
+                controller=ref_map.get("controller") is True,
+            )
+        )
+    emptydirs = []
+    for i, vol in enumerate(_list(spec.get("volumes"), "spec.volumes")):
+        vol_map = _mapping(vol, f"spec.volumes[{i}]")
+        if "emptyDir" in vol_map:
+            emptydirs.append(_str(vol_map.get("name"), f"spec.volumes[{i}].name"))
+    return Pod(
+        namespace=_str(meta.get("namespace"), "metadata.namespace") or "default",
+        name=_str(meta.get("name"), "metadata.name", required=True),
+        node_name=_str(spec.get("nodeName"), "spec.nodeName"),
+        labels=_str_map(meta.get("labels"), "metadata.labels"),
+        annotations=_str_map(meta.get("annotations"), "metadata.annotations"),
+        owners=tuple(owners),
+        phase=_str(status.get("phase"), "status.phase") or "Pending",
+        emptydir_volumes=tuple(emptydirs),
+    )
+
+
+def pdb_from_object(obj: Mapping[str, Any]) -> PodDisruptionBudget:
+    """A policy/v1 PodDisruptionBudget object (dict) -> PodDisruptionBudget."""
+    meta = _mapping(obj.get("metadata"), "metadata")
+    spec = _mapping(obj.get("spec"), "spec")
+    status = _mapping(obj.get("status"), "status")
+    sel = _mapping(spec.get("selector"), "spec.selector")
+    exprs = []
+    for i, expr in enumerate(_list(sel.get("matchExpressions"), "spec.selector.matchExpressions")):
+        where = f"spec.selector.matchExpressions[{i}]"
+        expr_map = _mapping(expr, where)
+        exprs.append(
+            LabelRequirement(
+                key=_str(expr_map.get("key"), f"{where}.key", required=True),
+                operator=_str(expr_map.get("operator"), f"{where}.operator", required=True),
+                values=tuple(str(v) for v in _list(expr_map.get("values"), f"{where}.values")),
+            )
+        )
+    allowed = status.get("disruptionsAllowed", 0)
+    if not isinstance(allowed, int) or isinstance(allowed, bool):
+        raise ObjectFormatError(f"status.disruptionsAllowed: expected an integer, got {allowed!r}")
+    return PodDisruptionBudget(
+        namespace=_str(meta.get("namespace"), "metadata.namespace") or "default",
+        name=_str(meta.get("name"), "metadata.name", required=True),
+        selector=LabelSelector(
+            match_labels=_str_map(sel.get("matchLabels"), "spec.selector.matchLabels"),
+            match_expressions=tuple(exprs),
+        ),
+        disruptions_allowed=allowed,
+    )

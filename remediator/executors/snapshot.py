@@ -1,0 +1,172 @@
+"""The snapshot backend: a cluster read from `kubectl get nodes,pods,poddisruptionbudgets -A -o yaml`.
+
+Mutations change only the in-memory copy (the file is never written), and every mutating call is
+listed in `mutations`, so tests can assert that a dry run made none. `RecordingAws` is the matching
+AWS seam: it records calls and calls nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from remediator.cluster import (
+    EvictionResult,
+    Node,
+    NodeCondition,
+    ObjectFormatError,
+    Pod,
+    PodDisruptionBudget,
+    Taint,
+    node_from_object,
+    pdb_from_object,
+    pod_from_object,
+)
+
+
+class SnapshotError(ValueError):
+    """The snapshot file cannot be used; the message names the file and the item."""
+
+
+class SnapshotCluster:
+    """An in-memory cluster implementing remediator.cluster.Cluster."""
+
+    def __init__(
+        self,
+        *,
+        nodes: list[Node],
+        pods: list[Pod],
+        pdbs: list[PodDisruptionBudget],
+        source: str = "<memory>",
+    ) -> None:
+        self.source = source
+        self.nodes: dict[str, Node] = {n.name: n for n in nodes}
+        self.pods: dict[tuple[str, str], Pod] = {(p.namespace, p.name): p for p in pods}
+        self.pdbs: dict[tuple[str, str], PodDisruptionBudget] = {(b.namespace, b.name): b for b in pdbs}
+        self.events: list[dict[str, str]] = []
+        self.mutations: list[str] = []
+        """Every mutating call, e.g. `cordon gpu-node-1`, in order."""
+
+    @classmethod
+    def from_file(cls, path: Path) -> SnapshotCluster:
+        """Load a `kind: List` of Nodes, Pods and PodDisruptionBudgets (other kinds are ignored)."""
+        try:
+            doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise SnapshotError(f"{path}: cannot read cluster snapshot: {exc.strerror or exc}") from exc
+        except yaml.YAMLError as exc:
+            raise SnapshotError(f"{path}: not valid YAML: {exc}") from exc
+        return cls.from_document(doc, source=str(path))
+
+    @classmethod
+    def from_document(cls, doc: Any, *, source: str) -> SnapshotCluster:
+        """Build from an already-parsed `kind: List` document."""
+        if not isinstance(doc, Mapping) or not isinstance(doc.get("items"), list):
+            raise SnapshotError(
+                f"{source}: expected the output of `kubectl get nodes,pods,poddisruptionbudgets -A -o yaml` "
+                "(a mapping with kind: List and items: [...])"
+            )
+        nodes, pods, pdbs = [], [], []
+        for index, item in enumerate(doc["items"]):
+            if not isinstance(item, Mapping):
+                raise SnapshotError(f"{source}: items[{index}]: expected a Kubernetes object, got {item!r}")
+            kind = item.get("kind")
+            name = item.get("metadata", {}).get("name") if isinstance(item.get("metadata"), Mapping) else None
+            try:
+                if kind == "Node":
+                    nodes.append(node_from_object(item))
+                elif kind == "Pod":
+                    pods.append(pod_from_object(item))
+                elif kind == "PodDisruptionBudget":
+                    pdbs.append(pdb_from_object(item))
+            except ObjectFormatError as exc:
+                raise SnapshotError(f"{source}: items[{index}] ({kind} {name}): {exc}") from exc
+        return cls(nodes=nodes, pods=pods, pdbs=pdbs, source=source)
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    async def get_node(self, name: str) -> Node | None:
+        return self.nodes.get(name)
+
+    async def list_pods(self, node: str) -> list[Pod]:
+        return [p for p in self.pods.values() if p.node_name == node]
+
+    async def list_pdbs(self) -> list[PodDisruptionBudget]:
+        return list(self.pdbs.values())
+
+    # -- writes (in memory) ----------------------------------------------------------------------
+
+    def _replace_node(self, name: str, **changes: Any) -> None:
+        if name in self.nodes:
+            self.nodes[name] = dataclasses.replace(self.nodes[name], **changes)
+
+    async def cordon(self, node: str) -> None:
+        self.mutations.append(f"cordon {node}")
+        self._replace_node(node, unschedulable=True)
+
+    async def uncordon(self, node: str) -> None:
+        self.mutations.append(f"uncordon {node}")
+        self._replace_node(node, unschedulable=False)
+
+    async def add_taint(self, node: str, taint: Taint) -> None:
+        self.mutations.append(f"taint {node} {taint.key}={taint.value}:{taint.effect}")
+        if node in self.nodes:
+            kept = tuple(t for t in self.nodes[node].taints if (t.key, t.effect) != (taint.key, taint.effect))
+            self._replace_node(node, taints=(*kept, taint))
+
+    async def set_condition(self, node: str, condition: NodeCondition) -> None:
+        self.mutations.append(f"condition {node} {condition.type}={condition.status}")
+        if node in self.nodes:
+            kept = tuple(c for c in self.nodes[node].conditions if c.type != condition.type)
+            self._replace_node(node, conditions=(*kept, condition))
+
+    async def record_event(self, *, node: str, reason: str, message: str, type_: str) -> None:
+        self.mutations.append(f"event {node} {type_} {reason}")
+        self.events.append({"node": node, "reason": reason, "message": message, "type": type_})
+
+    async def evict_pod(
+        self, *, namespace: str, name: str, grace_period_seconds: int | None
+    ) -> EvictionResult:
+        """Mimics the eviction API: 404 when gone, 429 when a matching PDB allows no disruption."""
+        self.mutations.append(f"evict {namespace}/{name}")
+        pod = self.pods.get((namespace, name))
+        if pod is None:
+            return EvictionResult.GONE
+        terminal = pod.phase in ("Succeeded", "Failed")
+        matching = [
+            b for b in self.pdbs.values() if b.namespace == namespace and b.selector.matches(pod.labels)
+        ]
+        if not terminal and matching:
+            if len(matching) > 1 or matching[0].disruptions_allowed <= 0:
+                return EvictionResult.REFUSED_BY_PDB
+            pdb = matching[0]
+            self.pdbs[(pdb.namespace, pdb.name)] = dataclasses.replace(
+                pdb, disruptions_allowed=pdb.disruptions_allowed - 1
+            )
+        del self.pods[(namespace, name)]
+        return EvictionResult.EVICTED
+
+
+class RecordingAws:
+    """The AWS seam in snapshot mode: remembers the calls, calls nothing."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        """(operation, arguments) in order."""
+
+    async def set_unhealthy(self, instance_id: str) -> None:
+        self.calls.append(("SetInstanceHealth", {"InstanceId": instance_id, "HealthStatus": "Unhealthy"}))
+
+    async def put_metric(
+        self, *, namespace: str, name: str, value: float, dimensions: Mapping[str, str]
+    ) -> None:
+        self.calls.append(
+            (
+                "PutMetricData",
+                {"Namespace": namespace, "MetricName": name, "Value": value, "Dimensions": dict(dimensions)},
+            )
+        )

@@ -1,0 +1,445 @@
+"""Remediation policy: which alert gets which node actions (pure; YAML in, frozen objects out).
+
+    safety: {max_disrupted_nodes: 2}
+    rules:                       # ordered; the first rule whose matchers all match wins
+      - name: drain
+        match: ['remediation="drain"', 'severity=~"critical|warning"']
+        actions: [{type: condition}, {type: cordon}, {type: drain, timeout_seconds: 600}]
+        on_resolved: []          # or [uncordon]; destructive actions are refused here
+        dry_run: false           # optional: this rule only plans
+
+Matchers follow Alertmanager: `=`, `!=`, `=~`, `!~`; regexes are anchored; a missing label reads as
+"". Validation collects every problem and raises one PolicyError naming file, rule and field, so an
+invalid policy never half-loads.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+
+from remediator.safety import SafetySettings
+
+DEFAULT_POLICY_NAME = "default_policy.yaml"
+
+
+class PolicyError(ValueError):
+    """The policy is invalid; the message lists every problem found."""
+
+    def __init__(self, source: str, problems: Sequence[str]) -> None:
+        self.source = source
+        self.problems = tuple(problems)
+        super().__init__(f"invalid policy {source}:\n" + "\n".join(f"  - {p}" for p in self.problems))
+
+
+# -- matchers ----------------------------------------------------------------------------------
+
+_MATCHER = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*(?:"((?:[^"\\]|\\.)*)"|([^"\s]*))\s*$')
+
+
+@dataclass(frozen=True)
+class Matcher:
+    """One Alertmanager-style label matcher."""
+
+    label: str
+    """Label name."""
+    op: str
+    """`=`, `!=`, `=~` or `!~`."""
+    value: str
+    """Literal or (anchored) regular expression."""
+    regex: re.Pattern[str] | None = field(default=None, compare=False)
+    """Compiled regex for =~ and !~."""
+
+    @classmethod
+    def parse(cls, text: str) -> Matcher:
+        """`severity=~"critical|warning"` -> Matcher; ValueError with a reason otherwise."""
+        m = _MATCHER.match(text)
+        if not m:
+            raise ValueError(f'cannot parse matcher {text!r} (expected e.g. remediation="drain")')
+        label, op, quoted, bare = m.groups()
+        value = re.sub(r'\\(["\\])', r"\1", quoted) if quoted is not None else bare
+        regex = None
+        if op in ("=~", "!~"):
+            try:
+                regex = re.compile(f"(?:{value})")
+            except re.error as exc:
+                raise ValueError(f"invalid regular expression in {text!r}: {exc}") from exc
+        return cls(label=label, op=op, value=value, regex=regex)
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        actual = labels.get(self.label, "")
+        if self.op == "=":
+            return actual == self.value
+        if self.op == "!=":
+            return actual != self.value
+        assert self.regex is not None
+        found = self.regex.fullmatch(actual) is not None
+        return found if self.op == "=~" else not found
+
+    def __str__(self) -> str:
+        return f'{self.label}{self.op}"{self.value}"'
+
+
+# -- actions -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cordon:
+    """Mark the node unschedulable."""
+
+    type: ClassVar[str] = "cordon"
+
+
+@dataclass(frozen=True)
+class Uncordon:
+    """Make the node schedulable again (only if this service cordoned it)."""
+
+    type: ClassVar[str] = "uncordon"
+
+
+@dataclass(frozen=True)
+class AddTaint:
+    """Add a taint to the node."""
+
+    type: ClassVar[str] = "taint"
+    key: str = "accel-health.io/unhealthy"
+    """Taint key."""
+    value: str = "true"
+    """Taint value."""
+    effect: str = "NoSchedule"
+    """NoSchedule, PreferNoSchedule or NoExecute."""
+
+
+@dataclass(frozen=True)
+class Drain:
+    """Evict the node's pods like `kubectl drain` (cordons first if needed)."""
+
+    type: ClassVar[str] = "drain"
+    timeout_seconds: int = 600
+    """Overall time allowed for the drain, seconds (used by the Kubernetes executor)."""
+    grace_period_seconds: int | None = None
+    """Termination grace period for evicted pods; None keeps each pod's own."""
+    delete_emptydir_data: bool = False
+    """Allow evicting pods whose emptyDir data would be lost."""
+    force_bare_pods: bool = False
+    """Allow evicting pods that no controller would recreate."""
+
+
+@dataclass(frozen=True)
+class SetCondition:
+    """Write a node condition (e.g. AcceleratorHealthy=False)."""
+
+    type: ClassVar[str] = "condition"
+    condition_type: str = "AcceleratorHealthy"
+    """Condition type."""
+    status: str | None = None
+    """Condition status; None means "False" while firing and "True" when resolved."""
+
+
+@dataclass(frozen=True)
+class RecordEvent:
+    """Record a Kubernetes Event on the node."""
+
+    type: ClassVar[str] = "event"
+
+
+@dataclass(frozen=True)
+class AwsSetUnhealthy:
+    """Mark the node's EC2 instance Unhealthy in its Auto Scaling group (it gets replaced)."""
+
+    type: ClassVar[str] = "aws_set_unhealthy"
+
+
+@dataclass(frozen=True)
+class CloudWatchMetric:
+    """Put one CloudWatch data point about the fault."""
+
+    type: ClassVar[str] = "cloudwatch_metric"
+    namespace: str = "AccelHealth"
+    """CloudWatch namespace."""
+    metric_name: str = "NodeFaults"
+    """Metric name (value 1 per decision, dimensions node and alertname)."""
+
+
+Action = (
+    Cordon | Uncordon | AddTaint | Drain | SetCondition | RecordEvent | AwsSetUnhealthy | CloudWatchMetric
+)
+
+ACTION_TYPES: dict[str, type[Action]] = {
+    cls.type: cls
+    for cls in (
+        Cordon,
+        Uncordon,
+        AddTaint,
+        Drain,
+        SetCondition,
+        RecordEvent,
+        AwsSetUnhealthy,
+        CloudWatchMetric,
+    )
+}
+DISRUPTIVE = frozenset({"cordon", "taint", "drain", "aws_set_unhealthy"})
+"""Actions that take capacity away: budget-gated, and never run for resolved alerts."""
+RESOLVED_ALLOWED = frozenset({"uncordon", "condition", "event", "cloudwatch_metric"})
+_TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One policy rule."""
+
+    name: str
+    """Unique name, shown in every decision."""
+    index: int
+    """Position in `rules:` (0-based)."""
+    matchers: tuple[Matcher, ...]
+    """All must match (an empty list matches every alert)."""
+    actions: tuple[Action, ...]
+    """Run in order while the alert fires."""
+    on_resolved: tuple[Action, ...] = ()
+    """Run once when the alert resolves (non-destructive actions only)."""
+    dry_run: bool = False
+    """This rule only plans, even when the service acts."""
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return all(m.matches(labels) for m in self.matchers)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A validated policy."""
+
+    rules: tuple[Rule, ...]
+    """Ordered rules."""
+    safety: SafetySettings = field(default_factory=SafetySettings)
+    """Safety limits."""
+    source: str = "<string>"
+    """Where it was loaded from."""
+
+    def first_match(self, labels: Mapping[str, str]) -> Rule | None:
+        return next((r for r in self.rules if r.matches(labels)), None)
+
+
+# -- loading and validation --------------------------------------------------------------------
+
+
+def load_policy(path: Path | None = None) -> Policy:
+    """The policy in `path`, or the shipped default policy."""
+    if path is None:
+        text = resources.files("remediator").joinpath(DEFAULT_POLICY_NAME).read_text(encoding="utf-8")
+        return parse_policy(text, source=f"remediator/{DEFAULT_POLICY_NAME} (default)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(str(path), [f"cannot read: {exc.strerror or exc}"]) from exc
+    return parse_policy(text, source=str(path))
+
+
+def _field_problem(value: Any, expected: type | tuple[type, ...], name: str) -> str | None:
+    if isinstance(value, bool) and bool not in (expected if isinstance(expected, tuple) else (expected,)):
+        return f"{name}: expected {_type_name(expected)}, got a boolean"
+    if not isinstance(value, expected):
+        return f"{name}: expected {_type_name(expected)}, got {type(value).__name__} {value!r}"
+    return None
+
+
+def _type_name(expected: type | tuple[type, ...]) -> str:
+    names = {int: "an integer", bool: "true or false", str: "a string", list: "a list", dict: "a mapping"}
+    types = expected if isinstance(expected, tuple) else (expected,)
+    return " or ".join(names.get(t, t.__name__) for t in types)
+
+
+_ACTION_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "cordon": {},
+    "uncordon": {},
+    "event": {},
+    "aws_set_unhealthy": {},
+    "taint": {"key": str, "value": str, "effect": str},
+    "drain": {
+        "timeout_seconds": int,
+        "grace_period_seconds": int,
+        "delete_emptydir_data": bool,
+        "force_bare_pods": bool,
+    },
+    "condition": {"condition_type": str, "status": str},
+    "cloudwatch_metric": {"namespace": str, "metric_name": str},
+}
+
+
+def _parse_action(raw: Any, where: str, problems: list[str]) -> Action | None:
+    if isinstance(raw, str):
+        raw = {"type": raw}
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: expected a mapping like {{type: cordon}} or a type name, got {raw!r}")
+        return None
+    kind = raw.get("type")
+    if kind not in ACTION_TYPES:
+        problems.append(
+            f"{where}.type: unknown action type {kind!r} (known: {', '.join(sorted(ACTION_TYPES))})"
+        )
+        return None
+    fields = _ACTION_FIELDS[kind]
+    kwargs: dict[str, Any] = {}
+    ok = True
+    for key, value in raw.items():
+        if key == "type":
+            continue
+        if key not in fields:
+            known = ", ".join(sorted(fields)) or "none"
+            problems.append(f"{where}.{key}: unknown field for action {kind} (known: {known})")
+            ok = False
+            continue
+        problem = _field_problem(value, fields[key], f"{where}.{key}")
+        if problem is None and isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            problem = f"{where}.{key}: must not be negative, got {value}"
+        if problem is None and key == "effect" and value not in _TAINT_EFFECTS:
+            problem = f"{where}.effect: expected one of {', '.join(_TAINT_EFFECTS)}, got {value!r}"
+        if problem is None and key == "status" and value not in ("True", "False", "Unknown"):
+            problem = f'{where}.status: expected "True", "False" or "Unknown", got {value!r}'
+        if problem is not None:
+            problems.append(problem)
+            ok = False
+        else:
+            kwargs[key] = value
+    if kind == "taint" and "key" in kwargs and not kwargs["key"]:
+        problems.append(f"{where}.key: must not be empty")
+        ok = False
+    return ACTION_TYPES[kind](**kwargs) if ok else None
+
+
+def _parse_actions(raw: Any, where: str, problems: list[str], *, resolved: bool) -> tuple[Action, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        problems.append(f"{where}: expected a list, got {type(raw).__name__}")
+        return ()
+    actions = []
+    for i, item in enumerate(raw):
+        action = _parse_action(item, f"{where}[{i}]", problems)
+        if action is None:
+            continue
+        if resolved and action.type not in RESOLVED_ALLOWED:
+            problems.append(
+                f"{where}[{i}].type: {action.type} is not allowed when an alert resolves "
+                f"(allowed: {', '.join(sorted(RESOLVED_ALLOWED))})"
+            )
+            continue
+        if not resolved and action.type == "uncordon":
+            problems.append(f"{where}[{i}].type: uncordon belongs in on_resolved, not in actions")
+            continue
+        actions.append(action)
+    return tuple(actions)
+
+
+def _parse_safety(raw: Any, problems: list[str]) -> SafetySettings:
+    if raw is None:
+        return SafetySettings()
+    if not isinstance(raw, dict):
+        problems.append(f"safety: expected a mapping, got {type(raw).__name__}")
+        return SafetySettings()
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "max_disrupted_nodes":
+            problem = _field_problem(value, int, "safety.max_disrupted_nodes")
+            if problem is None and value < 0:
+                problem = f"safety.max_disrupted_nodes: must not be negative, got {value}"
+        elif key == "opt_out_label":
+            problem = _field_problem(value, str, "safety.opt_out_label")
+        else:
+            problem = f"safety.{key}: unknown field (known: max_disrupted_nodes, opt_out_label)"
+        if problem:
+            problems.append(problem)
+        else:
+            kwargs[key] = value
+    return SafetySettings(**kwargs)
+
+
+_RULE_FIELDS = ("name", "match", "actions", "on_resolved", "dry_run")
+
+
+def _parse_matchers(raw_match: Any, where: str, problems: list[str]) -> tuple[Matcher, ...]:
+    if not isinstance(raw_match, list):
+        problems.append(f"{where}: expected a list of matcher strings, got {type(raw_match).__name__}")
+        return ()
+    matchers = []
+    for i, text in enumerate(raw_match):
+        if not isinstance(text, str):
+            problems.append(f'{where}[{i}]: expected a string like remediation="drain", got {text!r}')
+            continue
+        try:
+            matchers.append(Matcher.parse(text))
+        except ValueError as exc:
+            problems.append(f"{where}[{i}]: {exc}")
+    return tuple(matchers)
+
+
+def _parse_rule(raw: Any, *, index: int, seen: set[str], problems: list[str]) -> Rule | None:
+    name = raw.get("name") if isinstance(raw, dict) else None
+    where = f"rules[{index}]" + (f" ({name})" if isinstance(name, str) and name else "")
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: expected a mapping, got {type(raw).__name__}")
+        return None
+    before = len(problems)
+    if not isinstance(name, str) or not name:
+        problems.append(f"{where}.name: required, a non-empty string")
+    elif name in seen:
+        problems.append(f"{where}.name: duplicate rule name {name!r}")
+    else:
+        seen.add(name)
+    problems.extend(
+        f"{where}.{key}: unknown field (known: {', '.join(_RULE_FIELDS)})"
+        for key in raw
+        if key not in _RULE_FIELDS
+    )
+    matchers = _parse_matchers(raw.get("match", []), f"{where}.match", problems)
+    if "actions" not in raw:
+        problems.append(f"{where}.actions: required (use [] to ignore matching alerts)")
+    actions = _parse_actions(raw.get("actions"), f"{where}.actions", problems, resolved=False)
+    on_resolved = _parse_actions(raw.get("on_resolved"), f"{where}.on_resolved", problems, resolved=True)
+    dry_run = raw.get("dry_run", False)
+    if not isinstance(dry_run, bool):
+        problems.append(f"{where}.dry_run: expected true or false, got {dry_run!r}")
+    if len(problems) > before:
+        return None
+    return Rule(
+        name=str(name),
+        index=index,
+        matchers=matchers,
+        actions=actions,
+        on_resolved=on_resolved,
+        dry_run=bool(dry_run),
+    )
+
+
+def parse_policy(text: str, *, source: str = "<string>") -> Policy:
+    """Parse and validate a policy document; raise one PolicyError listing every problem."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PolicyError(source, [f"not valid YAML: {exc}"]) from exc
+    if not isinstance(doc, dict):
+        raise PolicyError(source, [f"expected a mapping with `rules:` at the top, got {type(doc).__name__}"])
+    problems: list[str] = []
+    for key in doc:
+        if key not in ("rules", "safety"):
+            problems.append(f"{key}: unknown top-level field (known: rules, safety)")
+    safety = _parse_safety(doc.get("safety"), problems)
+    raw_rules = doc.get("rules")
+    if not isinstance(raw_rules, list):
+        problems.append(f"rules: expected a list of rules, got {type(raw_rules).__name__}")
+        raise PolicyError(source, problems)
+    rules: list[Rule] = []
+    seen: set[str] = set()
+    for index, raw in enumerate(raw_rules):
+        rule = _parse_rule(raw, index=index, seen=seen, problems=problems)
+        if rule is not None:
+            rules.append(rule)
+    if problems:
+        raise PolicyError(source, problems)
+    return Policy(rules=tuple(rules), safety=safety, source=source)

@@ -1,0 +1,123 @@
+"""The command line: `explain` prints the plan, `serve` refuses unsafe or impossible start-ups (exit 2)
+and, when it starts, logs where it listens and exits 0 on SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from remediator.cli import main
+from remediator.executors.snapshot import SnapshotCluster, SnapshotError
+from tests.remediator.conftest import PAYLOADS, SNAPSHOT
+
+
+def test_explain_prints_rule_gates_and_what_happens_to_which_pods(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        ["explain", "--alerts", str(PAYLOADS / "gpu-fatal-xid.json"), "--cluster-snapshot", str(SNAPSHOT)]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "alert AccelGPUFatalXid (firing) on node gpu-node-1" in out
+    assert "rule 'drain' (rules[0]) matched: remediation=\"drain\"" in out
+    assert "protected-node check: passed" in out
+    assert "budget: 1 of 2 nodes" in out
+    assert "-> cordon: planned" in out
+    assert "evict   ml-team/llama-pretrain-worker-0  (PyTorchJob/llama-pretrain)" in out
+    assert (
+        "blocked ml-team/llama-pretrain-worker-1  (blocked by PodDisruptionBudget ml-team/llama-pretrain"
+        in out
+    )
+
+
+def test_explain_of_the_neuron_payload_ends_with_the_instance_replacement(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(
+        ["explain", "--alerts", str(PAYLOADS / "neuron-hw-error.json"), "--cluster-snapshot", str(SNAPSHOT)]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "-> aws_set_unhealthy: planned: would mark i-0a1b2c3d4e5f60002 Unhealthy" in out
+
+
+def test_serve_refuses_to_start_without_auth(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--cluster-snapshot", str(SNAPSHOT)]) == 2
+    assert "refusing to start without authentication" in capsys.readouterr().err
+
+
+def test_serve_refuses_to_start_without_a_snapshot_while_it_is_the_only_backend(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["serve", "--insecure-no-auth"]) == 2
+    assert "only the in-memory snapshot backend exists yet" in capsys.readouterr().err
+
+
+def test_an_invalid_policy_stops_start_up_with_its_problems(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "policy.yaml"
+    bad.write_text("rules:\n  - name: x\n    actions: [{type: nuke}]\n")
+    assert main(["--insecure-no-auth", "--config", str(bad), "--cluster-snapshot", str(SNAPSHOT)]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err
+    assert "rules[0] (x).actions[0].type: unknown action type 'nuke'" in err
+
+
+def test_a_malformed_snapshot_names_the_file_and_the_item(tmp_path: Path) -> None:
+    snap = tmp_path / "snap.yaml"
+    snap.write_text(
+        "kind: List\nitems:\n"
+        "- kind: Node\n  metadata: {name: ok}\n"
+        "- kind: Pod\n  metadata: {name: p, labels: 3}\n"
+    )
+    with pytest.raises(
+        SnapshotError, match=r"snap\.yaml: items\[1\] \(Pod p\): metadata.labels: expected a mapping"
+    ):
+        SnapshotCluster.from_file(snap)
+    snap.write_text("just: a mapping\n")
+    with pytest.raises(SnapshotError, match="kubectl get nodes,pods,poddisruptionbudgets"):
+        SnapshotCluster.from_file(snap)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_serve_logs_where_it_listens_and_exits_cleanly_on_sigterm(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "remediator.cli", "--dry-run", f"--listen=127.0.0.1:{port}",
+         f"--cluster-snapshot={SNAPSHOT}", f"--token-file={token}"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as resp:
+                    assert resp.status == 200
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "remediator did not become ready"
+                time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0
+    assert f"listening on 127.0.0.1:{port} (dry-run)" in err

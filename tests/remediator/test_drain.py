@@ -1,0 +1,153 @@
+"""Drain planning with kubectl semantics: which pods are evicted, skipped or blocked, and why."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from remediator.cluster import LabelSelector, OwnerReference, Pod, PodDisruptionBudget
+from remediator.drain import Blocker, DrainPlan, plan_drain
+
+JOB = (OwnerReference(kind="Job", name="train", controller=True),)
+DAEMONSET = (OwnerReference(kind="DaemonSet", name="exporter", controller=True),)
+NOT_CONTROLLER = (OwnerReference(kind="ConfigMap", name="cm", controller=False),)
+
+
+def pod(name: str, **kwargs: object) -> Pod:
+    fields: dict[str, object] = {"namespace": "ml", "name": name, "node_name": "n1", "owners": JOB}
+    fields.update(kwargs)
+    return Pod(**fields)  # type: ignore[arg-type]
+
+
+def pdb(
+    allowed: int, *, name: str = "train-pdb", labels: dict[str, str] | None = None
+) -> PodDisruptionBudget:
+    return PodDisruptionBudget(
+        namespace="ml",
+        name=name,
+        selector=LabelSelector(match_labels=labels if labels is not None else {"app": "train"}),
+        disruptions_allowed=allowed,
+    )
+
+
+def plan(
+    pods: list[Pod],
+    pdbs: Sequence[PodDisruptionBudget] = (),
+    *,
+    delete_emptydir_data: bool = False,
+    force_bare_pods: bool = False,
+) -> DrainPlan:
+    return plan_drain(pods, pdbs, delete_emptydir_data=delete_emptydir_data, force_bare_pods=force_bare_pods)
+
+
+def where(result: DrainPlan, name: str) -> tuple[str, str]:
+    for bucket in ("evict", "skip", "blocked"):
+        for planned in getattr(result, bucket):
+            if planned.name == name:
+                return bucket, planned.reason
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize(
+    ("the_pod", "perms", "bucket", "reason_part"),
+    [
+        (pod("job-pod"), {}, "evict", ""),
+        (pod("mirror", annotations={"kubernetes.io/config.mirror": "abc"}), {}, "skip", "mirror pod"),
+        (pod("ds", owners=DAEMONSET), {}, "skip", "DaemonSet ml/exporter"),
+        (pod("bare", owners=()), {}, "blocked", "not managed by a controller"),
+        (pod("not-controller", owners=NOT_CONTROLLER), {}, "blocked", "not managed by a controller"),
+        (pod("bare", owners=()), {"force_bare_pods": True}, "evict", ""),
+        (pod("scratch", emptydir_volumes=("tmp",)), {}, "blocked", "emptyDir volume(s) tmp"),
+        (pod("scratch", emptydir_volumes=("tmp",)), {"delete_emptydir_data": True}, "evict", ""),
+        (pod("done", owners=(), phase="Succeeded"), {}, "evict", "always deletable"),
+        (pod("crashed", phase="Failed", emptydir_volumes=("x",)), {}, "evict", "always deletable"),
+    ],
+)
+def test_each_kind_of_pod_lands_where_kubectl_drain_puts_it(
+    the_pod: Pod, perms: dict[str, bool], bucket: str, reason_part: str
+) -> None:
+    got_bucket, reason = where(
+        plan(
+            [the_pod],
+            delete_emptydir_data=perms.get("delete_emptydir_data", False),
+            force_bare_pods=perms.get("force_bare_pods", False),
+        ),
+        the_pod.name,
+    )
+    assert got_bucket == bucket
+    assert reason_part in reason
+
+
+def test_permission_blocks_say_which_permission_is_missing() -> None:
+    result = plan([pod("bare", owners=()), pod("scratch", emptydir_volumes=("tmp",))])
+    assert [p.blocker for p in result.needs_permission] == [Blocker.PERMISSION, Blocker.PERMISSION]
+    reasons = " ".join(p.reason for p in result.blocked)
+    assert "force_bare_pods" in reasons
+    assert "delete_emptydir_data" in reasons
+
+
+def test_a_pdb_with_no_disruptions_allowed_blocks_the_eviction() -> None:
+    result = plan([pod("w0", labels={"app": "train"})], (pdb(0),))
+    assert where(result, "w0") == (
+        "blocked",
+        "blocked by PodDisruptionBudget ml/train-pdb (disruptionsAllowed=0)",
+    )
+    assert result.waiting_on_pdb[0].blocker is Blocker.PDB
+
+
+def test_planned_evictions_use_up_the_pdb_so_the_second_pod_waits() -> None:
+    result = plan([pod("w0", labels={"app": "train"}), pod("w1", labels={"app": "train"})], (pdb(1),))
+    assert [p.name for p in result.evict] == ["w0"]
+    assert where(result, "w1")[0] == "blocked"
+
+
+def test_a_pdb_in_another_namespace_or_with_another_selector_does_not_apply() -> None:
+    other_ns = PodDisruptionBudget(
+        namespace="other", name="p", selector=LabelSelector(), disruptions_allowed=0
+    )
+    result = plan(
+        [pod("w0", labels={"app": "train"})],
+        (
+            other_ns,
+            pdb(0, labels={"app": "serve"}),
+        ),
+    )
+    assert [p.name for p in result.evict] == ["w0"]
+
+
+def test_an_empty_selector_covers_every_pod_of_its_namespace() -> None:
+    result = plan([pod("w0", labels={"app": "anything"})], (pdb(0, labels={}),))
+    assert where(result, "w0")[0] == "blocked"
+
+
+def test_several_matching_pdbs_block_because_the_api_refuses() -> None:
+    result = plan(
+        [pod("w0", labels={"app": "train"})],
+        (
+            pdb(5, name="a"),
+            pdb(5, name="b"),
+        ),
+    )
+    assert "several PodDisruptionBudgets match" in where(result, "w0")[1]
+
+
+def test_terminal_pods_do_not_use_up_a_pdb() -> None:
+    result = plan(
+        [pod("a-done", labels={"app": "train"}, phase="Succeeded"), pod("b-live", labels={"app": "train"})],
+        [pdb(1)],
+    )
+    assert [p.name for p in result.evict] == ["a-done", "b-live"]
+
+
+def test_details_and_summary_have_the_shape_the_decision_record_promises() -> None:
+    result = plan(
+        [pod("w0", labels={"app": "train"}), pod("w1", labels={"app": "train"}), pod("ds", owners=DAEMONSET)],
+        [pdb(1)],
+    )
+    assert result.details() == {
+        "evict": [{"namespace": "ml", "name": "w0", "owner": "Job/train"}],
+        "skip": [{"namespace": "ml", "name": "ds", "reason": result.skip[0].reason}],
+        "blocked": [{"namespace": "ml", "name": "w1", "reason": result.blocked[0].reason}],
+    }
+    assert result.summary(dry_run=True).startswith("would evict 1 pod [ml/w0], skip 1 [ml/ds], 1 waits")

@@ -1,0 +1,246 @@
+"""The webhook service end to end in-process: auth, input validation, idempotency, dry-run, gates.
+
+Each test drives the real app (pytest-aiohttp) over the real snapshot backend from
+examples/cluster-snapshot.yaml; the backend records every mutating call, so dry-run can be checked
+to make none.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from remediator.policy import parse_policy
+from tests.remediator.conftest import AUTH, AiohttpClient, Service, payload
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda children: st.lists(children) | st.dictionaries(st.text(), children),
+    max_leaves=20,
+)
+
+
+async def _actions(client: Any) -> list[dict[str, Any]]:
+    resp = await client.get("/actions", headers=AUTH)
+    assert resp.status == 200
+    records: list[dict[str, Any]] = await resp.json()
+    return records
+
+
+async def test_a_delivery_without_or_with_a_wrong_token_is_refused(
+    aiohttp_client: AiohttpClient, dry_service: Service
+) -> None:
+    client = await aiohttp_client(dry_service.app)
+    assert (await client.post("/alerts", json=payload("gpu-fatal-xid"))).status == 401
+    wrong = {"Authorization": "Bearer nope"}
+    assert (await client.post("/alerts", json=payload("gpu-fatal-xid"), headers=wrong)).status == 401
+    assert (await client.get("/actions")).status == 401
+    assert dry_service.engine.log.records() == []
+
+
+async def test_bad_input_gets_a_400_naming_the_field_and_changes_nothing(
+    aiohttp_client: AiohttpClient, dry_service: Service
+) -> None:
+    client = await aiohttp_client(dry_service.app)
+    cases = {
+        b"not json": "not valid JSON",
+        b"[]": "expected a JSON object",
+        b"{}": "alerts: required field is missing",
+        b'{"alerts": {}}': "alerts: expected an array",
+        b'{"alerts": [{"labels": {"node": 3}}]}': "alerts[0].labels.node: expected a string",
+        b'{"alerts": [{"labels": {}, "status": "maybe"}]}': "alerts[0].status",
+        b'{"alerts": [], "truncatedAlerts": "x"}': "truncatedAlerts",
+    }
+    for body, message in cases.items():
+        resp = await client.post("/alerts", data=body, headers=AUTH)
+        assert resp.status == 400, body
+        assert message in (await resp.json())["error"], body
+    assert dry_service.engine.log.records() == []
+    assert dry_service.cluster.mutations == []
+
+
+async def test_a_body_over_one_mebibyte_gets_413(aiohttp_client: AiohttpClient, dry_service: Service) -> None:
+    client = await aiohttp_client(dry_service.app)
+    big = b'{"alerts": [], "pad": "' + b"x" * (1024 * 1024) + b'"}'
+    resp = await client.post("/alerts", data=io.BytesIO(big), headers=AUTH)
+    assert resp.status == 413
+
+
+async def test_unknown_paths_are_404_and_probes_answer(
+    aiohttp_client: AiohttpClient, dry_service: Service
+) -> None:
+    client = await aiohttp_client(dry_service.app)
+    assert (await client.get("/nope")).status == 404
+    assert (await client.get("/healthz")).status == 200
+    assert (await client.get("/readyz")).status == 200
+
+
+async def test_a_fatal_xid_in_dry_run_plans_condition_cordon_drain_and_mutates_nothing(
+    aiohttp_client: AiohttpClient, dry_service: Service
+) -> None:
+    client = await aiohttp_client(dry_service.app)
+    resp = await client.post("/alerts", json=payload("gpu-fatal-xid"), headers=AUTH)
+    assert resp.status == 200
+    records = await _actions(client)
+    assert [r["action"] for r in records] == ["condition", "cordon", "drain"]
+    assert {r["outcome"] for r in records} == {"planned"}
+    assert all(r["dry_run"] is True and r["node"] == "gpu-node-1" and r["rule"] == "drain" for r in records)
+    drain = records[2]
+    assert set(drain) == {
+        "time", "node", "action", "alertname", "fingerprint", "starts_at", "status",
+        "rule", "dry_run", "outcome", "reason", "gate", "details",
+    }  # fmt: skip
+    evicted = {(p["namespace"], p["name"]) for p in drain["details"]["evict"]}
+    assert ("ml-team", "llama-pretrain-worker-0") in evicted
+    assert drain["details"]["blocked"] == [
+        {
+            "namespace": "ml-team",
+            "name": "llama-pretrain-worker-1",
+            "reason": "blocked by PodDisruptionBudget ml-team/llama-pretrain (disruptionsAllowed=0)",
+        }
+    ]
+    skipped = {p["name"]: p["reason"] for p in drain["details"]["skip"]}
+    assert "DaemonSet" in skipped["accel-health-exporter-7x2kp"]
+    assert dry_service.cluster.mutations == []
+    assert dry_service.aws.calls == []
+
+
+async def test_the_same_payload_delivered_fifty_times_acts_once(
+    aiohttp_client: AiohttpClient, live_service: Service
+) -> None:
+    client = await aiohttp_client(live_service.app)
+    body = payload("neuron-hw-error")
+    for _ in range(50):
+        assert (await client.post("/alerts", json=body, headers=AUTH)).status == 200
+    records = await _actions(client)
+    assert [r["action"] for r in records] == ["condition", "cordon", "drain", "aws_set_unhealthy"]
+    assert [r["outcome"] for r in records] == ["done"] * 4
+    assert live_service.aws.calls == [
+        ("SetInstanceHealth", {"InstanceId": "i-0a1b2c3d4e5f60002", "HealthStatus": "Unhealthy"})
+    ]
+    assert live_service.cluster.mutations.count("cordon trn-node-1") == 1
+    assert live_service.cluster.nodes["trn-node-1"].unschedulable
+    assert not [p for p in live_service.cluster.pods.values() if p.name.startswith("bert-large")]
+    metrics = await (await client.get("/metrics")).text()
+    assert 'accel_remediator_webhooks_total{code="200"} 50.0' in metrics
+    assert "accel_remediator_nodes_disrupted 1.0" in metrics
+    assert 'accel_remediator_actions_total{action="drain",dry_run="false",outcome="done"} 1.0' in metrics
+
+
+async def test_a_drain_waiting_on_a_pdb_is_deferred_and_retried_on_resend(
+    aiohttp_client: AiohttpClient, live_service: Service
+) -> None:
+    client = await aiohttp_client(live_service.app)
+    body = payload("gpu-fatal-xid")
+    await client.post("/alerts", json=body, headers=AUTH)
+    await client.post("/alerts", json=body, headers=AUTH)
+    records = await _actions(client)
+    assert [r["action"] for r in records] == ["condition", "cordon", "drain", "drain"]
+    assert [r["outcome"] for r in records[2:]] == ["deferred", "deferred"]
+    assert records[2]["gate"] == "pdb"
+    evictions = [m for m in live_service.cluster.mutations if m.startswith("evict")]
+    assert "evict ml-team/llama-pretrain-worker-0" in evictions
+    assert "evict ml-team/llama-pretrain-worker-1" not in evictions
+
+
+async def test_a_resolved_alert_is_never_destructive(
+    aiohttp_client: AiohttpClient, live_service: Service
+) -> None:
+    client = await aiohttp_client(live_service.app)
+    body = payload("gpu-fatal-xid")
+    for alert in body["alerts"]:
+        alert["status"] = "resolved"
+        alert["endsAt"] = "2025-11-22T21:00:00Z"
+    assert (await client.post("/alerts", json=body, headers=AUTH)).status == 200
+    records = await _actions(client)
+    assert [(r["action"], r["outcome"], r["status"]) for r in records] == [("none", "ignored", "resolved")]
+    assert live_service.cluster.mutations == []
+
+
+async def test_uncordon_on_resolve_only_touches_nodes_this_service_cordoned(
+    aiohttp_client: AiohttpClient,
+) -> None:
+    policy = parse_policy(
+        "rules:\n  - name: c\n    match: []\n    actions: [cordon]\n    on_resolved: [uncordon]\n"
+    )
+    service = Service(dry_run=False, policy=policy)
+    client = await aiohttp_client(service.app)
+    firing = payload("gpu-fatal-xid")
+    await client.post("/alerts", json=firing, headers=AUTH)
+    resolved = payload("gpu-fatal-xid")
+    resolved["alerts"][0]["status"] = "resolved"
+    await client.post("/alerts", json=resolved, headers=AUTH)
+    assert service.cluster.mutations == ["cordon gpu-node-1", "uncordon gpu-node-1"]
+    assert service.engine.budget.in_use == 0
+
+
+async def test_alerts_without_a_node_label_or_with_remediation_none_are_recorded_as_ignored(
+    aiohttp_client: AiohttpClient, dry_service: Service
+) -> None:
+    client = await aiohttp_client(dry_service.app)
+    body = payload("gpu-fatal-xid")
+    no_node = dict(body["alerts"][0], labels={"alertname": "X"}, fingerprint="f1")
+    ignored = dict(body["alerts"][0], fingerprint="f2")
+    ignored["labels"] = dict(ignored["labels"], remediation="none")
+    body["alerts"] = [no_node, ignored]
+    assert (await client.post("/alerts", json=body, headers=AUTH)).status == 200
+    records = await _actions(client)
+    assert [(r["action"], r["outcome"]) for r in records] == [("none", "ignored"), ("none", "ignored")]
+    assert "no 'node' label" in records[0]["reason"]
+    assert records[0]["node"] is None
+
+
+async def test_control_plane_and_opted_out_nodes_are_skipped_with_the_reason(
+    aiohttp_client: AiohttpClient, live_service: Service
+) -> None:
+    client = await aiohttp_client(live_service.app)
+    body = payload("gpu-fatal-xid")
+    body["alerts"][0]["labels"]["node"] = "cp-1"
+    await client.post("/alerts", json=body, headers=AUTH)
+    records = await _actions(client)
+    assert {r["outcome"] for r in records} == {"skipped"}
+    assert "control-plane" in records[0]["reason"]
+    assert live_service.cluster.mutations == []
+
+
+async def test_the_budget_defers_the_third_node_with_gate_budget(aiohttp_client: AiohttpClient) -> None:
+    policy = parse_policy("safety: {max_disrupted_nodes: 1}\nrules:\n  - name: c\n    actions: [cordon]\n")
+    service = Service(dry_run=True, policy=policy)
+    client = await aiohttp_client(service.app)
+    await client.post("/alerts", json=payload("gpu-fatal-xid"), headers=AUTH)
+    await client.post("/alerts", json=payload("neuron-hw-error"), headers=AUTH)
+    await client.post("/alerts", json=payload("neuron-hw-error"), headers=AUTH)  # re-evaluated, still held
+    records = await _actions(client)
+    assert [(r["node"], r["outcome"], r["gate"]) for r in records] == [
+        ("gpu-node-1", "planned", None),
+        ("trn-node-1", "deferred", "budget"),
+        ("trn-node-1", "deferred", "budget"),
+    ]
+    assert "re-evaluated when Alertmanager resends" in records[1]["reason"]
+    assert service.cluster.mutations == []
+
+
+async def test_a_rule_with_dry_run_only_plans_even_when_the_service_acts(
+    aiohttp_client: AiohttpClient,
+) -> None:
+    policy = parse_policy("rules:\n  - name: c\n    actions: [cordon, event]\n    dry_run: true\n")
+    service = Service(dry_run=False, policy=policy)
+    client = await aiohttp_client(service.app)
+    await client.post("/alerts", json=payload("gpu-fatal-xid"), headers=AUTH)
+    records = await _actions(client)
+    assert [(r["outcome"], r["dry_run"]) for r in records] == [("planned", True), ("planned", True)]
+    assert service.cluster.mutations == []
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=JSON)
+async def test_no_json_body_ever_yields_a_server_error(
+    aiohttp_client: AiohttpClient, dry_service: Service, doc: object
+) -> None:
+    client = await aiohttp_client(dry_service.app)
+    resp = await client.post("/alerts", data=json.dumps(doc), headers=AUTH)
+    assert resp.status in (200, 400)

@@ -1,0 +1,162 @@
+"""Policy parsing and validation, Alertmanager matcher semantics, and the shipped default policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from remediator.policy import (
+    AddTaint,
+    AwsSetUnhealthy,
+    Cordon,
+    Drain,
+    Matcher,
+    PolicyError,
+    SetCondition,
+    load_policy,
+    parse_policy,
+)
+
+GOOD = """
+safety: {max_disrupted_nodes: 3}
+rules:
+  - name: drain
+    match: ['remediation="drain"', 'severity=~"critical|warning"']
+    actions:
+      - {type: condition, condition_type: AcceleratorHealthy}
+      - cordon
+      - {type: drain, timeout_seconds: 60, grace_period_seconds: 30, delete_emptydir_data: true}
+    on_resolved: [uncordon]
+  - name: catch-all
+    match: []
+    actions: []
+    dry_run: true
+"""
+
+
+def test_a_good_policy_loads_with_every_field() -> None:
+    policy = parse_policy(GOOD, source="good.yaml")
+    assert policy.safety.max_disrupted_nodes == 3
+    drain = policy.rules[0]
+    assert [a.type for a in drain.actions] == ["condition", "cordon", "drain"]
+    assert drain.actions[2] == Drain(timeout_seconds=60, grace_period_seconds=30, delete_emptydir_data=True)
+    assert [a.type for a in drain.on_resolved] == ["uncordon"]
+    assert policy.rules[1].dry_run is True
+
+
+def test_the_first_matching_rule_wins() -> None:
+    policy = parse_policy(GOOD)
+    matched = policy.first_match({"remediation": "drain", "severity": "critical"})
+    assert matched is not None
+    assert matched.name == "drain"
+    fallback = policy.first_match({"remediation": "drain", "severity": "info"})
+    assert fallback is not None
+    assert fallback.name == "catch-all"
+
+
+@pytest.mark.parametrize(
+    ("matcher", "labels", "expected"),
+    [
+        ('remediation="drain"', {"remediation": "drain"}, True),
+        ('remediation="drain"', {"remediation": "drain2"}, False),
+        ('alertname!="X"', {"alertname": "Y"}, True),
+        ('alertname!="X"', {}, True),
+        ('severity=~"critical|warning"', {"severity": "warning"}, True),
+        ('severity=~"crit"', {"severity": "critical"}, False),  # anchored, like Alertmanager
+        ('severity!~"info|none"', {"severity": "critical"}, True),
+        ('severity!~"info|none"', {"severity": "info"}, False),
+        ('node=""', {}, True),  # a missing label reads as the empty string
+        ("xid=~79|48", {"xid": "48"}, True),  # unquoted values are accepted
+        (r'summary="say \"hi\""', {"summary": 'say "hi"'}, True),
+    ],
+)
+def test_matchers_follow_alertmanager_semantics(matcher: str, labels: dict[str, str], expected: bool) -> None:
+    assert Matcher.parse(matcher).matches(labels) is expected
+
+
+def _problems(text: str) -> str:
+    with pytest.raises(PolicyError) as info:
+        parse_policy(text, source="/etc/accel/policy.yaml")
+    message = str(info.value)
+    assert message.startswith("invalid policy /etc/accel/policy.yaml")
+    return message
+
+
+def test_an_unknown_action_type_names_file_rule_and_field() -> None:
+    message = _problems("rules:\n  - name: r\n    match: []\n    actions: [{type: reboot}]\n")
+    assert "rules[0] (r).actions[0].type: unknown action type 'reboot'" in message
+
+
+def test_a_wrongly_typed_action_field_names_the_field() -> None:
+    message = _problems("rules:\n  - name: d\n    actions: [{type: drain, timeout_seconds: soon}]\n")
+    assert "rules[0] (d).actions[0].timeout_seconds: expected an integer" in message
+
+
+def test_a_bad_matcher_and_a_bad_regex_are_both_reported() -> None:
+    message = _problems("rules:\n  - name: m\n    match: ['sev ~ x', 'a=~\"(\"']\n    actions: []\n")
+    assert "rules[0] (m).match[0]: cannot parse matcher" in message
+    assert "rules[0] (m).match[1]: invalid regular expression" in message
+
+
+def test_destructive_actions_are_refused_on_resolved() -> None:
+    message = _problems("rules:\n  - name: r\n    actions: []\n    on_resolved: [drain]\n")
+    assert "rules[0] (r).on_resolved[0].type: drain is not allowed when an alert resolves" in message
+
+
+def test_missing_names_duplicates_and_unknown_fields_are_all_listed_at_once() -> None:
+    message = _problems(
+        "rules:\n"
+        "  - match: []\n    actions: []\n"
+        "  - name: a\n    actions: []\n"
+        "  - name: a\n    actions: []\n    dryrun: true\n"
+        "  - name: b\n"
+        "safety: {max_disrupted_nodes: -1}\n"
+    )
+    assert "rules[0].name: required" in message
+    assert "rules[2] (a).name: duplicate rule name 'a'" in message
+    assert "rules[2] (a).dryrun: unknown field" in message
+    assert "rules[3] (b).actions: required" in message
+    assert "safety.max_disrupted_nodes: must not be negative" in message
+
+
+def test_a_bad_taint_effect_is_rejected() -> None:
+    message = _problems("rules:\n  - name: t\n    actions: [{type: taint, key: k, effect: Sometimes}]\n")
+    assert "rules[0] (t).actions[0].effect: expected one of NoSchedule" in message
+
+
+def test_a_document_that_is_not_a_policy_is_rejected() -> None:
+    assert "expected a mapping" in _problems("- just\n- a list\n")
+    assert "not valid YAML" in _problems("rules: [\n")
+    assert "rules: expected a list" in _problems("safety: {}\n")
+
+
+def test_an_unreadable_policy_file_names_the_file(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match=r"missing\.yaml"):
+        load_policy(tmp_path / "missing.yaml")
+
+
+def test_the_default_policy_covers_every_remediation_label_the_alerts_set() -> None:
+    policy = load_policy()
+    by_label = {}
+    for value in ("drain", "cordon", "taint", "replace", "none"):
+        rule = policy.first_match({"remediation": value})
+        assert rule is not None, value
+        by_label[value] = rule
+    assert by_label["drain"].actions[:2] == (SetCondition(), Cordon())
+    assert isinstance(by_label["drain"].actions[2], Drain)
+    assert by_label["cordon"].actions == (SetCondition(), Cordon())
+    assert by_label["taint"].actions == (
+        SetCondition(),
+        AddTaint("accel-health.io/unhealthy", "true", "NoSchedule"),
+    )
+    assert [a.type for a in by_label["replace"].actions] == [
+        "condition",
+        "cordon",
+        "drain",
+        "aws_set_unhealthy",
+    ]
+    assert by_label["replace"].actions[-1] == AwsSetUnhealthy()
+    assert by_label["none"].actions == ()
+    assert all(rule.on_resolved == () for rule in policy.rules)
+    assert policy.safety.max_disrupted_nodes == 2
