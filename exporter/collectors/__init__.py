@@ -1,0 +1,1 @@
+"""Collectors: pure functions from reader data to metric families, and the framework that runs them."""

@@ -1,0 +1,58 @@
+"""Kernel-log counts -> Xid, fallen-off-bus, SXid, NEURON_HW_ERR and record counters.
+
+MIG: Xid records from MIG instances (``GPU-I:``/``GPU-CI:``) are parsed and counted against their GPU;
+the instance ids are not labels, so every series keeps the fixed label set ``{pci_bus_id, gpu, xid}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client.core import CounterMetricFamily, Metric
+
+from exporter.readers.kmsg import KmsgSnapshot
+
+
+def _gpu(gpu_indices: Mapping[str, int], pci_bus_id: str) -> str:
+    index = gpu_indices.get(pci_bus_id)
+    return "" if index is None else str(index)
+
+
+def kmsg_metrics(snapshot: KmsgSnapshot, *, gpu_indices: Mapping[str, int]) -> list[Metric]:
+    """Metric families for one snapshot; ``gpu_indices`` maps pci_bus_id to the GPU index."""
+    xid = CounterMetricFamily(
+        "accel_gpu_xid_errors",
+        "NVIDIA Xid records in the kernel log since boot.",
+        labels=["pci_bus_id", "gpu", "xid"],
+    )
+    for (pci, number), count in sorted(snapshot.xid.items()):
+        xid.add_metric([pci, _gpu(gpu_indices, pci), str(number)], count)
+    fell_off = CounterMetricFamily(
+        "accel_gpu_fallen_off_bus",
+        "The driver's multi-line 'GPU has fallen off the bus' messages (no Xid number) since boot.",
+        labels=["pci_bus_id", "gpu"],
+    )
+    for pci, count in sorted(snapshot.fallen_off_bus.items()):
+        fell_off.add_metric([pci, _gpu(gpu_indices, pci)], count)
+    sxid = CounterMetricFamily(
+        "accel_nvswitch_sxid_errors",
+        "NVSwitch SXid records in the kernel log since boot.",
+        labels=["pci_bus_id", "sxid"],
+    )
+    for (pci, number), count in sorted(snapshot.sxid.items()):
+        sxid.add_metric([pci, str(number)], count)
+    neuron = CounterMetricFamily(
+        "accel_neuron_hw_errors",
+        "NEURON_HW_ERR records in the kernel log since boot (neuron_device empty when not named).",
+        labels=["neuron_device", "error"],
+    )
+    for (device, error), count in sorted(snapshot.neuron_hw_errors.items()):
+        neuron.add_metric([device, error], count)
+    records = CounterMetricFamily("accel_kmsg_records", "Kernel-log records read.")
+    records.add_metric([], snapshot.records)
+    missed = CounterMetricFamily(
+        "accel_kmsg_missed_records",
+        "Kernel-log records overwritten in the ring buffer before the exporter could read them.",
+    )
+    missed.add_metric([], snapshot.missed)
+    return [xid, fell_off, sxid, neuron, records, missed]

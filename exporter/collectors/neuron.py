@@ -1,0 +1,25 @@
+"""Neuron sysfs hardware counters -> ``accel_neuron_sysfs_hardware_errors_total{neuron_device,kind}``.
+
+Distinct from ``accel_neuron_hw_errors_total``, which counts NEURON_HW_ERR kernel-log records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prometheus_client.core import CounterMetricFamily, Metric
+
+from exporter.readers.sysfs import NeuronDevice
+
+
+def neuron_metrics(devices: Sequence[NeuronDevice]) -> list[Metric]:
+    """Metric families for the Neuron devices found."""
+    errors = CounterMetricFamily(
+        "accel_neuron_sysfs_hardware_errors",
+        "Neuron device hardware error counters from sysfs (stats/hardware/<kind>/total).",
+        labels=["neuron_device", "kind"],
+    )
+    for device in devices:
+        for kind, value in sorted(device.hardware_errors.items()):
+            errors.add_metric([device.neuron_device, kind], value)
+    return [errors]

@@ -1,0 +1,508 @@
+"""Kernel-log reader: /dev/kmsg records (or a file in the same format) to accelerator fault counts.
+
+Record format (Documentation/ABI/testing/dev-kmsg): ``PRIORITY,SEQ,TS_usec,FLAGS;message`` followed by
+optional continuation lines that start with a space (`` SUBSYSTEM=pci``). Plain-text lines without the
+prefix are accepted too; the whole line is then the message.
+
+Layers, from pure to impure:
+
+- :func:`parse_record` and :func:`parse_message` are pure functions of one line.
+- :class:`KmsgDecoder` adds the little state the driver's three-line "fallen off the bus" message needs.
+- :class:`KmsgTally` counts records, sequence gaps and events (no I/O, not thread-safe).
+- :class:`KmsgFollower` owns a background thread that reads the device or follows the file, updating a
+  tally under a lock; :meth:`KmsgFollower.snapshot` hands out an immutable copy.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import re
+import select
+import stat
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+logger = logging.getLogger(__name__)
+
+_PCI = r"[0-9a-fA-F]{1,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
+_XID = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<pci>" + _PCI + r")"
+    r"(?: GPU-I:(?P<gi>\d+))?(?: GPU-CI:(?P<ci>\d+))?\):\s*(?P<xid>\d+)(?:,\s*(?P<rest>.*))?"
+)
+_SXID = re.compile(r"SXid \((?:PCI:)?(?P<pci>" + _PCI + r")\):\s*(?P<sxid>\d+)(?:,\s*(?P<rest>.*))?")
+_NEURON = re.compile(r"NEURON_HW_ERR=(?P<error>[A-Za-z0-9_]+)")
+_NEURON_DEVICE = re.compile(r"\bnd-id=(?P<nd>\d+)")
+_GPU_UUID = re.compile(r"NVRM: GPU at PCI:(?P<pci>" + _PCI + r"):\s*(?P<uuid>GPU-[0-9a-fA-F-]+)")
+_FELL_OFF_FIRST = re.compile(r"NVRM: The NVIDIA GPU (?P<pci>" + _PCI + r")")
+_FELL_OFF_LAST = "fallen off the bus and is not responding"
+_CAUSED_BY = re.compile(r"caused by previous Xid (\d+)")
+
+
+@functools.lru_cache(maxsize=1024)
+def normalise_pci_bus_id(text: str) -> str:
+    """``00000000:91:00.0``, ``0000:91:00``, ``91:00.0`` -> ``0000:91:00`` (domain:bus:device, lowercase).
+
+    Raises ValueError when the text is not a PCI address.
+    """
+    address = text.strip().lower().split(".", 1)[0]
+    parts = address.split(":")
+    if len(parts) == 2:
+        parts = ["0", *parts]
+    if len(parts) != 3 or not all(parts):
+        raise ValueError(f"not a PCI address: {text!r}")
+    try:
+        domain, bus, device = (int(part, 16) for part in parts)
+    except ValueError:
+        raise ValueError(f"not a PCI address: {text!r}") from None
+    if domain > 0xFFFF or bus > 0xFF or device > 0x1F:
+        raise ValueError(f"PCI address out of range: {text!r}")
+    return f"{domain:04x}:{bus:02x}:{device:02x}"
+
+
+@dataclass(frozen=True)
+class KmsgRecord:
+    """One kernel-log record."""
+
+    message: str
+    """The message text, without the record prefix and continuation lines."""
+    priority: int | None = None
+    """Syslog priority and facility, ``(facility << 3) | level``; None for plain-text lines."""
+    seq: int | None = None
+    """The kernel's 64-bit record sequence number; None for plain-text lines."""
+    timestamp_us: int | None = None
+    """Microseconds since boot (monotonic clock); None for plain-text lines."""
+
+
+def _split_prefix(line: str) -> tuple[list[str] | None, str]:
+    head, sep, message = line.partition(";")
+    if sep:
+        fields = head.split(",", 4)
+        if len(fields) >= 4 and fields[0].isdigit() and fields[1].isdigit() and fields[2].isdigit():
+            return fields, message
+    return None, line
+
+
+def parse_record(text: str) -> KmsgRecord:
+    """Parses one record as read() returns it from /dev/kmsg (continuation lines are dropped)."""
+    line = text.split("\n", 1)[0].rstrip("\r")
+    fields, message = _split_prefix(line)
+    if fields is None:
+        return KmsgRecord(message=line)
+    return KmsgRecord(
+        message=message, priority=int(fields[0]), seq=int(fields[1]), timestamp_us=int(fields[2])
+    )
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """``NVRM: Xid (PCI:0000:91:00[ GPU-I:01[ GPU-CI:02]]): 79, pid=..., name=..., text``."""
+
+    pci_bus_id: str
+    """Normalised ``0000:91:00``."""
+    xid: int
+    gpu_instance: int | None = None
+    """MIG GPU instance id (``GPU-I:``), None outside MIG."""
+    compute_instance: int | None = None
+    """MIG compute instance id (``GPU-CI:``), None when absent."""
+    pid: str | None = None
+    """As printed, quotes removed (``<unknown>`` stays); None when the driver printed no pid."""
+    process_name: str | None = None
+    detail: str = ""
+    """The free text after the pid/name fields."""
+    caused_by_xid: int | None = None
+    """For chained records: the Xid named in ``caused by previous Xid N``."""
+
+
+@dataclass(frozen=True)
+class SxidEvent:
+    """NVSwitch ``SXid (PCI:0000:05:00.0): 12028, ...``."""
+
+    pci_bus_id: str
+    sxid: int
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class NeuronHwErrorEvent:
+    """``NEURON_HW_ERR=<KIND> ... nd-id=N ...``."""
+
+    error: str
+    neuron_device: str
+    """The ``nd-id`` value, empty when the line names none (the AWS test line)."""
+
+
+@dataclass(frozen=True)
+class FallenOffBusEvent:
+    """The driver's three-line "has fallen off the bus" message that carries no Xid number."""
+
+    pci_bus_id: str
+    """Normalised, empty if the first line of the message was never seen."""
+
+
+@dataclass(frozen=True)
+class GpuUuidEvent:
+    """``NVRM: GPU at PCI:0000:91:00: GPU-<uuid>``, printed once per GPU at driver load."""
+
+    pci_bus_id: str
+    uuid: str
+
+
+KmsgEvent = XidEvent | SxidEvent | NeuronHwErrorEvent | FallenOffBusEvent | GpuUuidEvent
+
+
+def _parse_xid(match: re.Match[str]) -> XidEvent:
+    rest = (match.group("rest") or "").strip()
+    pid: str | None = None
+    name: str | None = None
+    if rest.startswith("pid="):
+        pid, _, rest = rest[4:].partition(",")
+        pid = pid.strip().strip("'\"")
+        rest = rest.strip()
+    if rest.startswith("name="):
+        name, _, rest = rest[5:].partition(",")
+        name = name.strip()
+        rest = rest.strip()
+    caused = _CAUSED_BY.search(rest)
+    gi, ci = match.group("gi"), match.group("ci")
+    return XidEvent(
+        pci_bus_id=normalise_pci_bus_id(match.group("pci")),
+        xid=int(match.group("xid")),
+        gpu_instance=int(gi) if gi is not None else None,
+        compute_instance=int(ci) if ci is not None else None,
+        pid=pid,
+        process_name=name,
+        detail=rest,
+        caused_by_xid=int(caused.group(1)) if caused else None,
+    )
+
+
+def _parse_nvrm(message: str) -> XidEvent | GpuUuidEvent | None:
+    match = _XID.search(message)
+    if match:
+        return _parse_xid(match)
+    uuid = _GPU_UUID.search(message)
+    if uuid:
+        return GpuUuidEvent(pci_bus_id=normalise_pci_bus_id(uuid.group("pci")), uuid=uuid.group("uuid"))
+    return None
+
+
+def _parse_sxid(message: str) -> SxidEvent | None:
+    match = _SXID.search(message)
+    if match is None:
+        return None
+    return SxidEvent(
+        pci_bus_id=normalise_pci_bus_id(match.group("pci")),
+        sxid=int(match.group("sxid")),
+        detail=(match.group("rest") or "").strip(),
+    )
+
+
+def _parse_neuron(message: str) -> NeuronHwErrorEvent | None:
+    match = _NEURON.search(message)
+    if match is None:
+        return None
+    device = _NEURON_DEVICE.search(message)
+    return NeuronHwErrorEvent(error=match.group("error"), neuron_device=device.group("nd") if device else "")
+
+
+def parse_message(message: str) -> KmsgEvent | None:
+    """The event one message line reports, or None. Pure; never raises on any text."""
+    try:
+        if "NVRM" in message:
+            return _parse_nvrm(message)
+        if "SXid" in message:
+            return _parse_sxid(message)
+        if "NEURON_HW_ERR" in message:
+            return _parse_neuron(message)
+    except ValueError as exc:  # a PCI address out of range, e.g. device 0xff
+        logger.info("kmsg: ignoring a malformed line (%s): %.200r", exc, message)
+    return None
+
+
+class KmsgDecoder:
+    """Turns messages into events, joining the driver's multi-line "fallen off the bus" message."""
+
+    def __init__(self) -> None:
+        self._pending_fell_off: str | None = None
+
+    def feed(self, message: str) -> KmsgEvent | None:
+        """The event this message completes, or None."""
+        event = parse_message(message)
+        if event is not None or "NVRM" not in message:
+            return event
+        first = _FELL_OFF_FIRST.search(message)
+        if first:
+            try:
+                pci = normalise_pci_bus_id(first.group("pci"))
+            except ValueError as exc:
+                logger.info("kmsg: ignoring a malformed line (%s): %.200r", exc, message)
+                pci = ""
+            if _FELL_OFF_LAST in message:
+                return FallenOffBusEvent(pci_bus_id=pci)
+            self._pending_fell_off = pci
+            return None
+        if _FELL_OFF_LAST in message:
+            pci, self._pending_fell_off = self._pending_fell_off or "", None
+            return FallenOffBusEvent(pci_bus_id=pci)
+        return None
+
+
+@dataclass(frozen=True)
+class KmsgSnapshot:
+    """Counts since the reader started at the oldest record (that is: since boot, for /dev/kmsg)."""
+
+    records: int
+    """Records read (continuation lines are part of their record)."""
+    missed: int
+    """Records the kernel overwrote before they were read (gaps in the sequence numbers)."""
+    xid: Mapping[tuple[str, int], int]
+    """(pci_bus_id, xid) -> records."""
+    fallen_off_bus: Mapping[str, int]
+    """pci_bus_id -> multi-line "fallen off the bus" messages."""
+    sxid: Mapping[tuple[str, int], int]
+    """(pci_bus_id, sxid) -> records."""
+    neuron_hw_errors: Mapping[tuple[str, str], int]
+    """(neuron_device, error kind) -> records."""
+    gpu_uuids: Mapping[str, str]
+    """pci_bus_id -> ``GPU-<uuid>`` from the driver's load-time lines."""
+    error: str | None = None
+    """Why the source cannot be read right now; None while it is read normally."""
+
+
+def _bump(counts: dict[tuple[str, int], int], key: tuple[str, int]) -> None:
+    counts[key] = counts.get(key, 0) + 1
+
+
+_LINE_BREAKS = re.compile(r"\n[ \n]")
+"""Newlines starting a continuation line, or an empty line (which sends a chunk the slow way)."""
+_KEYWORDS = ("NVRM", "SXid", "NEURON_HW_ERR")
+"""Substrings every line of interest holds; nothing else is parsed."""
+
+
+def _keyword_line_starts(text: str) -> list[int]:
+    """Start offsets, in order, of the lines in ``text`` holding one of the keywords."""
+    starts: set[int] = set()
+    for keyword in _KEYWORDS:
+        found = text.find(keyword)
+        while found >= 0:
+            line_start = text.rfind("\n", 0, found) + 1
+            starts.add(line_start)
+            line_end = text.find("\n", found)
+            if line_end < 0:
+                break
+            found = text.find(keyword, line_end)
+    return sorted(starts)
+
+
+class KmsgTally:
+    """Counts records, sequence gaps and events. No I/O, not thread-safe."""
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.missed = 0
+        self._last_seq: int | None = None
+        self._decoder = KmsgDecoder()
+        self._xid: dict[tuple[str, int], int] = {}
+        self._sxid: dict[tuple[str, int], int] = {}
+        self._neuron: dict[tuple[str, str], int] = {}
+        self._fell_off: dict[str, int] = {}
+        self._uuids: dict[str, str] = {}
+
+    def add_lines(self, lines: Iterable[str]) -> None:
+        """Adds records one line at a time; lines starting with a space continue the previous record."""
+        records, last_seq, missed = 0, self._last_seq, 0
+        for line in lines:
+            if not line or line[0] == " ":
+                continue
+            records += 1
+            fields, message = _split_prefix(line)
+            if fields is not None:
+                seq = int(fields[1])
+                # The first record's number says how many went before it (from 0 at boot).
+                gap = seq if last_seq is None else seq - last_seq - 1
+                if gap > 0:
+                    missed += gap
+                last_seq = seq
+            if "NVRM" in message or "SXid" in message or "NEURON_HW_ERR" in message:
+                self._apply(self._decoder.feed(message))
+        self.records += records
+        self.missed += missed
+        self._last_seq = last_seq
+
+    def add_text(self, text: str) -> None:
+        """Adds complete lines joined by newlines; same counts as ``add_lines(text.split("\\n"))``.
+
+        The fast path for floods: records are counted with ``str.count`` and sequence gaps from the
+        first and last record alone (exact while sequence numbers increase); only lines holding one of
+        the keywords are looked at one by one. Anything unusual takes the line-by-line path.
+        """
+        if not text:
+            return
+        first_end = text.find("\n")
+        first = text if first_end < 0 else text[:first_end]
+        last = text[text.rfind("\n") + 1 :]
+        first_fields, _ = _split_prefix(first)
+        last_fields, _ = _split_prefix(last)
+        breaks = _LINE_BREAKS.findall(text)
+        if first_fields is None or last_fields is None or "\n\n" in breaks:
+            self.add_lines(text.split("\n"))
+            return
+        records = text.count("\n") + 1 - len(breaks)
+        first_seq, last_seq = int(first_fields[1]), int(last_fields[1])
+        previous = self._last_seq
+        if (previous is not None and first_seq <= previous) or last_seq - first_seq + 1 < records:
+            self.add_lines(text.split("\n"))
+            return
+        gap_before = first_seq if previous is None else first_seq - previous - 1
+        self.missed += gap_before + (last_seq - first_seq + 1 - records)
+        self.records += records
+        self._last_seq = last_seq
+        for start in _keyword_line_starts(text):
+            end = text.find("\n", start)
+            line = text[start:] if end < 0 else text[start:end]
+            if line[:1] != " ":
+                self._apply(self._decoder.feed(_split_prefix(line)[1]))
+
+    def add_missed(self, count: int) -> None:
+        """Records lost without a sequence number to show it."""
+        self.missed += count
+
+    def _apply(self, event: KmsgEvent | None) -> None:
+        match event:
+            case XidEvent(pci_bus_id=pci, xid=xid):
+                _bump(self._xid, (pci, xid))
+            case SxidEvent(pci_bus_id=pci, sxid=sxid):
+                _bump(self._sxid, (pci, sxid))
+            case NeuronHwErrorEvent(neuron_device=device, error=error):
+                self._neuron[device, error] = self._neuron.get((device, error), 0) + 1
+            case FallenOffBusEvent(pci_bus_id=pci):
+                self._fell_off[pci] = self._fell_off.get(pci, 0) + 1
+            case GpuUuidEvent(pci_bus_id=pci, uuid=uuid):
+                self._uuids[pci] = uuid
+            case None:
+                pass
+
+    def snapshot(self, *, error: str | None = None) -> KmsgSnapshot:
+        """An immutable copy of the counts."""
+        return KmsgSnapshot(
+            records=self.records,
+            missed=self.missed,
+            xid=MappingProxyType(dict(self._xid)),
+            fallen_off_bus=MappingProxyType(dict(self._fell_off)),
+            sxid=MappingProxyType(dict(self._sxid)),
+            neuron_hw_errors=MappingProxyType(dict(self._neuron)),
+            gpu_uuids=MappingProxyType(dict(self._uuids)),
+            error=error,
+        )
+
+
+_DEVICE_READ_SIZE = 16384
+"""Larger than any record (the kernel caps a record at about 8 KiB with its dictionary)."""
+_FILE_READ_SIZE = 65536
+
+
+class KmsgFollower:
+    """Reads /dev/kmsg (one record per read) or follows a regular file (like ``tail -f``) in a thread.
+
+    Starts at the oldest record. While the path cannot be opened, :meth:`snapshot` carries the reason
+    in ``error`` and the thread retries every ``retry_interval`` seconds.
+    """
+
+    def __init__(self, path: Path, *, poll_interval: float = 0.05, retry_interval: float = 5.0) -> None:
+        self.path = path
+        self.poll_interval = poll_interval
+        """Seconds between looks at a followed file once its end is reached."""
+        self.retry_interval = retry_interval
+        """Seconds between attempts to open a path that cannot be opened."""
+        self._lock = threading.Lock()
+        self._tally = KmsgTally()
+        self._error: str | None = "not read yet"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="kmsg-follower", daemon=True)
+        self._thread.start()
+
+    def stop(self, *, timeout: float = 1.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def snapshot(self) -> KmsgSnapshot:
+        with self._lock:
+            return self._tally.snapshot(error=self._error)
+
+    def _set_error(self, error: str | None) -> None:
+        with self._lock:
+            self._error = error
+
+    def _run(self) -> None:
+        last_logged: str | None = None
+        while not self._stop.is_set():
+            try:
+                self._read_once()
+            except OSError as exc:
+                reason = f"cannot read {self.path}: {exc.strerror or exc}"
+                self._set_error(reason)
+                if reason != last_logged:
+                    logger.warning("kmsg: %s; retrying every %.0f s", reason, self.retry_interval)
+                    last_logged = reason
+                self._stop.wait(self.retry_interval)
+
+    def _read_once(self) -> None:
+        """Reads until stopped; raises OSError when the path cannot be opened or read."""
+        is_device = stat.S_ISCHR(os.stat(self.path).st_mode)
+        flags = os.O_RDONLY | (os.O_NONBLOCK if is_device else 0)
+        fd = os.open(self.path, flags)
+        try:
+            self._set_error(None)
+            logger.info("kmsg: reading %s (%s)", self.path, "device" if is_device else "file, following")
+            if is_device:
+                self._read_device(fd)
+            else:
+                self._follow_file(fd)
+        finally:
+            os.close(fd)
+
+    def _read_device(self, fd: int) -> None:
+        while not self._stop.is_set():
+            try:
+                data = os.read(fd, _DEVICE_READ_SIZE)
+            except BlockingIOError:
+                select.select([fd], [], [], 0.25)
+                continue
+            except OSError as exc:
+                if exc.errno != errno.EPIPE:
+                    raise
+                # Records were overwritten before we read them; the sequence gap counts them.
+                logger.debug("kmsg: ring buffer overran the reader (EPIPE)")
+                continue
+            if not data:
+                self._stop.wait(self.poll_interval)
+                continue
+            line = data.split(b"\n", 1)[0].decode("utf-8", errors="replace")
+            with self._lock:
+                self._tally.add_lines((line,))
+
+    def _follow_file(self, fd: int) -> None:
+        pending = b""
+        while not self._stop.is_set():
+            data = os.read(fd, _FILE_READ_SIZE)
+            if not data:
+                self._stop.wait(self.poll_interval)
+                continue
+            pending += data
+            end = pending.rfind(b"\n")
+            if end < 0:
+                continue  # a partial last line: wait for its newline
+            complete, pending = pending[:end], pending[end + 1 :]
+            text = complete.decode("utf-8", errors="replace")
+            with self._lock:
+                self._tally.add_text(text)

@@ -1,0 +1,344 @@
+"""Sysfs readers: accelerator PCI devices, InfiniBand ports, Neuron hardware counters.
+
+Every function takes the sysfs root as a parameter, so tests point it at a fixture tree. A missing
+directory means the hardware is absent: an empty result, not an error. A file that cannot be read or
+parsed is skipped with a log line; the rest of the device is still reported.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Literal
+
+from exporter.readers.kmsg import normalise_pci_bus_id
+
+logger = logging.getLogger(__name__)
+
+NVIDIA_VENDOR_ID = 0x10DE
+AMAZON_VENDOR_ID = 0x1D0F
+NVIDIA_GPU_CLASSES = frozenset({0x0300, 0x0302})
+"""PCI base class and subclass (``class >> 8``): VGA-compatible and 3D controllers."""
+NEURON_DEVICE_IDS = frozenset({0x7064, 0x7065, 0x7066, 0x7067, 0x7164, 0x7264, 0x7364})
+"""Amazon's Inferentia and Trainium devices (the vendor id also covers ENA, EFA and EBS NVMe)."""
+
+AcceleratorKind = Literal["nvidia", "neuron"]
+
+
+def _read_text(path: Path) -> str | None:
+    """The file's stripped text; None when it is missing (silently) or unreadable (with a log line)."""
+    try:
+        return path.read_text(errors="replace").strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        logger.warning("sysfs: cannot read %s: %s", path, exc.strerror or exc)
+        return None
+
+
+def _read_hex(path: Path) -> int | None:
+    text = _read_text(path)
+    if text is None:
+        return None
+    try:
+        return int(text, 16)
+    except ValueError:
+        logger.warning("sysfs: %s is not a hex number: %r", path, text[:80])
+        return None
+
+
+def _read_int(path: Path) -> int | None:
+    text = _read_text(path)
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        logger.warning("sysfs: %s is not an integer: %r", path, text[:80])
+        return None
+
+
+def _leading_number(path: Path) -> int | None:
+    """``4: ACTIVE`` -> 4."""
+    text = _read_text(path)
+    if text is None:
+        return None
+    head = text.split(":", 1)[0].strip()
+    if not head.isdigit():
+        logger.warning("sysfs: %s does not start with a number: %r", path, text[:80])
+        return None
+    return int(head)
+
+
+# -- PCI ----------------------------------------------------------------------------------------------
+
+_LINK_SPEED = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*GT/s")
+
+
+def link_encoding_efficiency(speed_gts: float) -> float:
+    """Payload bits per line bit: 8b/10b up to 5 GT/s, 128b/130b for 8-32 GT/s, 242/256 FLIT from 64."""
+    if speed_gts <= 5.0:
+        return 8 / 10
+    if speed_gts < 64.0:
+        return 128 / 130
+    return 242 / 256
+
+
+@dataclass(frozen=True)
+class PcieLink:
+    """A link's negotiated (current) or supported (max) speed and width."""
+
+    speed_gts: float | None
+    """Giga-transfers per second per lane; None when unknown (e.g. ``Unknown`` on a down link)."""
+    width: int | None
+    """Lanes; None when unknown."""
+
+    @property
+    def bandwidth_bytes_per_second(self) -> float | None:
+        """Payload bandwidth of the link in one direction, after line encoding."""
+        if self.speed_gts is None or self.width is None:
+            return None
+        return self.speed_gts * 1e9 * self.width * link_encoding_efficiency(self.speed_gts) / 8
+
+
+@dataclass(frozen=True)
+class AerCounters:
+    """One ``aer_dev_{correctable,nonfatal,fatal}`` file."""
+
+    severity: str
+    """``correctable``, ``nonfatal`` or ``fatal``."""
+    errors: Mapping[str, int]
+    """Error name (``RxErr``, ``BadTLP`` ...) -> count."""
+    total: int | None
+    """The ``TOTAL_ERR_*`` line: error reports, which can carry several error bits each."""
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    """An accelerator on the PCI bus."""
+
+    address: str
+    """Full address as sysfs names it, ``0000:91:00.0``."""
+    pci_bus_id: str
+    """Normalised ``0000:91:00``."""
+    kind: AcceleratorKind
+    vendor_id: int
+    device_id: int
+    class_code: int
+    current_link: PcieLink
+    max_link: PcieLink
+    aer: tuple[AerCounters, ...] = field(default=())
+
+
+def _read_link_speed(path: Path) -> float | None:
+    text = _read_text(path)
+    if text is None:
+        return None
+    match = _LINK_SPEED.match(text)
+    if match:
+        return float(match.group(1))
+    if not text.lower().startswith("unknown"):
+        logger.warning("sysfs: %s is not a link speed: %r", path, text[:80])
+    return None
+
+
+def _read_aer(path: Path, severity: str) -> AerCounters | None:
+    text = _read_text(path)
+    if text is None:
+        return None
+    errors: dict[str, int] = {}
+    total: int | None = None
+    for line in text.splitlines():
+        name, _, value = line.strip().partition(" ")
+        try:
+            number = int(value.strip())
+        except ValueError:
+            logger.warning("sysfs: %s has a line that is not 'NAME value': %r", path, line[:80])
+            continue
+        if name.startswith("TOTAL_ERR_"):
+            total = number
+        else:
+            errors[name] = number
+    return AerCounters(severity=severity, errors=MappingProxyType(errors), total=total)
+
+
+def _accelerator_kind(vendor: int, device: int, class_code: int) -> AcceleratorKind | None:
+    if vendor == NVIDIA_VENDOR_ID and class_code >> 8 in NVIDIA_GPU_CLASSES:
+        return "nvidia"
+    if vendor == AMAZON_VENDOR_ID and device in NEURON_DEVICE_IDS:
+        return "neuron"
+    return None
+
+
+def read_pci_accelerators(sysfs_root: Path) -> tuple[PciDevice, ...]:
+    """NVIDIA GPUs and Neuron devices under ``<root>/bus/pci/devices``, sorted by address."""
+    devices_dir = sysfs_root / "bus" / "pci" / "devices"
+    if not devices_dir.is_dir():
+        return ()
+    found: list[PciDevice] = []
+    for entry in sorted(devices_dir.iterdir(), key=lambda p: p.name.lower()):
+        vendor = _read_hex(entry / "vendor")
+        device = _read_hex(entry / "device")
+        class_code = _read_hex(entry / "class")
+        if vendor is None or device is None or class_code is None:
+            continue
+        kind = _accelerator_kind(vendor, device, class_code)
+        if kind is None:
+            continue
+        try:
+            pci_bus_id = normalise_pci_bus_id(entry.name)
+        except ValueError:
+            logger.warning("sysfs: %s is not named like a PCI address", entry)
+            continue
+        aer = tuple(
+            counters
+            for severity in ("correctable", "nonfatal", "fatal")
+            if (counters := _read_aer(entry / f"aer_dev_{severity}", severity)) is not None
+        )
+        found.append(
+            PciDevice(
+                address=entry.name.lower(),
+                pci_bus_id=pci_bus_id,
+                kind=kind,
+                vendor_id=vendor,
+                device_id=device,
+                class_code=class_code,
+                current_link=PcieLink(
+                    speed_gts=_read_link_speed(entry / "current_link_speed"),
+                    width=_read_int(entry / "current_link_width"),
+                ),
+                max_link=PcieLink(
+                    speed_gts=_read_link_speed(entry / "max_link_speed"),
+                    width=_read_int(entry / "max_link_width"),
+                ),
+                aer=aer,
+            )
+        )
+    return tuple(found)
+
+
+def nvidia_gpu_indices(devices: Sequence[PciDevice]) -> dict[str, int]:
+    """pci_bus_id -> GPU index: position among NVIDIA GPUs sorted by PCI address (NVML's default order)."""
+    gpus = sorted((d for d in devices if d.kind == "nvidia"), key=lambda d: d.address)
+    return {gpu.pci_bus_id: index for index, gpu in enumerate(gpus)}
+
+
+# -- InfiniBand ---------------------------------------------------------------------------------------
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
+_WORD_COUNTERS = frozenset({"port_rcv_data", "port_xmit_data"})
+"""Counters the hardware keeps in 4-byte words; reported in bytes."""
+
+
+@dataclass(frozen=True)
+class InfinibandPort:
+    """One port of an InfiniBand (or RoCE) device."""
+
+    device: str
+    """``mlx5_0``."""
+    port: str
+    """Port number as named in sysfs, ``1``."""
+    state: int | None
+    """1 down, 2 init, 3 armed, 4 active, 5 active-defer."""
+    physical_state: int | None
+    """E.g. 5 LinkUp, 3 Disabled, 2 Polling."""
+    rate_bytes_per_second: float | None
+    link_layer: str | None
+    """``InfiniBand`` or ``Ethernet``."""
+    counters: Mapping[str, int]
+    """Counter file name -> value; data counters already converted from 4-byte words to bytes.
+    Counters reading ``N/A (no PMA)`` are left out."""
+
+
+def _read_rate(path: Path) -> float | None:
+    text = _read_text(path)
+    if text is None:
+        return None
+    match = _RATE.match(text)
+    if not match:
+        logger.warning("sysfs: %s is not a rate in Gb/sec: %r", path, text[:80])
+        return None
+    return float(match.group(1)) * 1e9 / 8
+
+
+def _read_port_counters(directory: Path) -> Mapping[str, int]:
+    counters: dict[str, int] = {}
+    if not directory.is_dir():
+        return MappingProxyType(counters)
+    for path in sorted(directory.iterdir()):
+        text = _read_text(path)
+        if text is None:
+            continue
+        if text.startswith("N/A"):
+            logger.debug("sysfs: %s is not available: %r", path, text)
+            continue
+        try:
+            value = int(text)
+        except ValueError:
+            logger.warning("sysfs: %s is not a counter: %r", path, text[:80])
+            continue
+        counters[path.name] = value * 4 if path.name in _WORD_COUNTERS else value
+    return MappingProxyType(counters)
+
+
+def read_infiniband_ports(sysfs_root: Path) -> tuple[InfinibandPort, ...]:
+    """Ports under ``<root>/class/infiniband/<device>/ports/<n>``, sorted by device and port."""
+    class_dir = sysfs_root / "class" / "infiniband"
+    if not class_dir.is_dir():
+        return ()
+    ports: list[InfinibandPort] = []
+    for device in sorted(class_dir.iterdir()):
+        ports_dir = device / "ports"
+        if not ports_dir.is_dir():
+            continue
+        for port in sorted(ports_dir.iterdir(), key=lambda p: (len(p.name), p.name)):
+            ports.append(
+                InfinibandPort(
+                    device=device.name,
+                    port=port.name,
+                    state=_leading_number(port / "state"),
+                    physical_state=_leading_number(port / "phys_state"),
+                    rate_bytes_per_second=_read_rate(port / "rate"),
+                    link_layer=_read_text(port / "link_layer"),
+                    counters=_read_port_counters(port / "counters"),
+                )
+            )
+    return tuple(ports)
+
+
+# -- Neuron -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NeuronDevice:
+    """Hardware error counters of one Neuron device (``neuronN``)."""
+
+    neuron_device: str
+    """The device index N, as the kernel log's ``nd-id`` names it."""
+    hardware_errors: Mapping[str, int]
+    """Counter (``mem_ecc_uncorrected``, ``sram_ecc_uncorrected`` ...) -> its ``total``."""
+
+
+def read_neuron_devices(sysfs_root: Path) -> tuple[NeuronDevice, ...]:
+    """Devices under ``<root>/devices/virtual/neuron_device/neuronN``, sorted by index."""
+    base = sysfs_root / "devices" / "virtual" / "neuron_device"
+    if not base.is_dir():
+        return ()
+    devices: list[NeuronDevice] = []
+    for directory in base.iterdir():
+        index = directory.name.removeprefix("neuron")
+        if not index.isdigit():
+            continue
+        hardware = directory / "stats" / "hardware"
+        errors: dict[str, int] = {}
+        if hardware.is_dir():
+            for counter in sorted(hardware.iterdir()):
+                value = _read_int(counter / "total")
+                if value is not None:
+                    errors[counter.name] = value
+        devices.append(NeuronDevice(neuron_device=index, hardware_errors=MappingProxyType(errors)))
+    return tuple(sorted(devices, key=lambda d: int(d.neuron_device)))

@@ -1,0 +1,140 @@
+"""The real ``accel-health-exporter`` process: HTTP scrape, a live Xid, promtool, clean signal exits."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from exporter.cli import main, parse_listen
+from tests.exporter.helpers import GPU_NODE, TRN_NODE, sample_value, wait_until
+
+SCRIPT = Path(sys.executable).parent / "accel-health-exporter"
+XID_79 = "NVRM: Xid (PCI:0000:9d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+
+
+@dataclass(frozen=True)
+class Running:
+    process: subprocess.Popen[bytes]
+    url: str
+    kmsg: Path
+    log: Path
+
+    def scrape(self, path: str = "/metrics") -> str:
+        with urllib.request.urlopen(self.url + path, timeout=5) as response:  # noqa: S310 -- loopback URL
+            body: bytes = response.read()
+            return body.decode()
+
+
+def start_exporter(node: Path, tmp_path: Path) -> Running:
+    kmsg = tmp_path / "kmsg"
+    shutil.copyfile(node / "kmsg", kmsg)
+    log = tmp_path / "exporter.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                str(SCRIPT),
+                "--listen=127.0.0.1:0",
+                f"--kmsg={kmsg}",
+                f"--sysfs-root={node / 'sys'}",
+                "--nvml=auto",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    found: list[str] = []
+
+    def listening() -> bool:
+        found[:] = re.findall(r"listening on (127\.0\.0\.1:\d+)", log.read_text())
+        return bool(found) or process.poll() is not None
+
+    assert wait_until(listening, timeout=10), log.read_text()
+    assert found, log.read_text()
+    return Running(process=process, url=f"http://{found[0]}", kmsg=kmsg, log=log)
+
+
+@pytest.fixture
+def gpu_exporter(tmp_path: Path) -> Iterator[Running]:
+    running = start_exporter(GPU_NODE, tmp_path)
+    yield running
+    if running.process.poll() is None:
+        running.process.kill()
+        running.process.wait()
+
+
+def test_an_xid_appended_to_the_kernel_log_shows_up_with_its_gpu_index(gpu_exporter: Running) -> None:
+    labels = {"pci_bus_id": "0000:9d:00", "gpu": "4", "xid": "79"}
+    first = gpu_exporter.scrape()
+    assert sample_value(first, "accel_gpu_xid_errors_total", labels) is None
+    assert sample_value(first, "accel_exporter_collector_up", {"collector": "kmsg"}) == 1
+    assert sample_value(first, "accel_exporter_collector_up", {"collector": "nvml"}) == 0
+
+    with gpu_exporter.kmsg.open("a") as out:
+        out.write(f"3,55,9000000,-;{XID_79}\n")
+    assert wait_until(
+        lambda: sample_value(gpu_exporter.scrape(), "accel_gpu_xid_errors_total", labels) == 1, timeout=0.5
+    )
+
+    gpu_exporter.process.send_signal(signal.SIGTERM)
+    assert gpu_exporter.process.wait(timeout=1.0) == 0
+    assert "received SIGTERM" in gpu_exporter.log.read_text()
+
+
+def test_the_scrape_passes_promtool_check_metrics(gpu_exporter: Running) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not on PATH")
+    checked = subprocess.run(
+        [promtool, "check", "metrics"], input=gpu_exporter.scrape().encode(), capture_output=True, check=False
+    )
+    assert checked.returncode == 0, checked.stdout.decode() + checked.stderr.decode()
+
+
+def test_healthz_answers_ok(gpu_exporter: Running) -> None:
+    assert gpu_exporter.scrape("/healthz") == "ok\n"
+
+
+def test_sigint_stops_a_trainium_node_exporter_cleanly(tmp_path: Path) -> None:
+    running = start_exporter(TRN_NODE, tmp_path)
+    try:
+        with running.kmsg.open("a") as out:
+            out.write("4,37,9000000,-;NEURON_HW_ERR=DMA_ERROR instance-id=i-0 hostname=trn nd-id=0 nc-id=0\n")
+        labels = {"neuron_device": "0", "error": "DMA_ERROR"}
+        assert wait_until(lambda: sample_value(running.scrape(), "accel_neuron_hw_errors_total", labels) == 1)
+        running.process.send_signal(signal.SIGINT)
+        assert running.process.wait(timeout=1.0) == 0
+    finally:
+        if running.process.poll() is None:
+            running.process.kill()
+            running.process.wait()
+
+
+def test_a_port_already_in_use_is_an_exit_code_not_a_traceback(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code = main([f"--listen=127.0.0.1:{port}", f"--kmsg={tmp_path / 'none'}", f"--sysfs-root={tmp_path}"])
+    assert code == 1
+
+
+def test_a_malformed_listen_address_is_a_usage_error() -> None:
+    assert main(["--listen=nonsense"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("0.0.0.0:9835", ("0.0.0.0", 9835)), ("[::1]:9100", ("::1", 9100)), (":9835", ("0.0.0.0", 9835))],
+)
+def test_listen_addresses_parse_to_host_and_port(text: str, expected: tuple[str, int]) -> None:
+    assert parse_listen(text) == expected
