@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from examples.pipeline import (
     DEMO_FAULTS,
     Outcome,
     Pipeline,
+    PipelineError,
     observe,
     port_is_free,
     scratch_dir,
@@ -202,3 +204,26 @@ def test_ctrl_c_during_the_demo_stops_every_part() -> None:
     assert "interrupted" in rest
     assert _processes_mentioning("accel-health-demo-") == []
     assert list(Path(tempfile.gettempdir()).glob("accel-health-demo-*")) == []
+
+
+def test_a_broken_route_makes_the_pipeline_fail(tmp_path: Path) -> None:
+    """The observer is not fooled: with the route to the remediator broken, no decision arrives."""
+    config = yaml.safe_load((REPO / "examples" / "alertmanager.yaml").read_text())
+    for route in config["route"]["routes"]:
+        route["matchers"] = [
+            m.replace("remediation=~", "remediation_typo=~") for m in route.get("matchers", [])
+        ]
+    broken = tmp_path / "alertmanager.yaml"
+    broken.write_text(yaml.safe_dump(config))
+    with scratch_dir() as workdir:
+        pipeline = Pipeline(workdir=workdir, alertmanager_config=broken)
+        try:
+            pipeline.start()
+            with pytest.raises(PipelineError, match="expected decisions for"):
+                observe(pipeline, timeout=15.0)
+            # Every other link still worked: the series and the alerts were there.
+            firing = {a["alertname"] for a in pipeline.firing_alerts()}
+            assert {"AccelGPUFatalXid", "AccelNeuronHardwareError"} <= firing
+            assert pipeline.decisions() == []
+        finally:
+            assert pipeline.stop() == []
