@@ -19,7 +19,7 @@ from types import FrameType
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from exporter.readers.kmsg import KmsgFollower
+from exporter.readers.kmsg import KmsgFollower, KmsgStateStore
 from exporter.readers.nvml import PynvmlReader
 from exporter.sources import ExporterSettings, build_registry, build_sources
 
@@ -45,6 +45,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--kmsg", type=Path, default=Path("/dev/kmsg"), metavar="PATH")
     parser.add_argument("--sysfs-root", type=Path, default=Path("/sys"), metavar="DIR")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="keep kernel-log counts here (a hostPath) so a restart within one boot neither loses "
+        "events the ring buffer has overwritten nor counts any twice",
+    )
     parser.add_argument("--nvml", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     return parser
@@ -89,10 +96,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    settings = ExporterSettings(kmsg_path=args.kmsg, sysfs_root=args.sysfs_root, nvml=args.nvml)
+    settings = ExporterSettings(
+        kmsg_path=args.kmsg, sysfs_root=args.sysfs_root, nvml=args.nvml, state_dir=args.state_dir
+    )
     host, port = args.listen
 
-    follower = KmsgFollower(settings.kmsg_path)
+    store = (
+        None
+        if settings.state_dir is None
+        else KmsgStateStore(settings.state_dir, boot_id_path=settings.boot_id_path)
+    )
+    follower = KmsgFollower(settings.kmsg_path, state_store=store)
     nvml = None if settings.nvml == "off" else PynvmlReader()
     if nvml is not None and settings.nvml == "on" and not (reading := nvml.read()).available:
         logger.error("--nvml=on but %s", reading.reason)

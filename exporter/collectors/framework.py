@@ -1,9 +1,18 @@
-"""Runs named sources on every scrape and reports each one's success and duration.
+"""Runs named sources on every scrape and reports each one's health.
 
-Every source reports ``accel_exporter_collector_up{collector}`` (1 or 0) and
-``accel_exporter_collector_duration_seconds{collector}``; the sources themselves never do. A source
-that raises contributes no series of its own that scrape (up 0); the reason is logged when the source
-goes down, and again when it recovers.
+For every source the framework, never the source itself, reports:
+
+- ``accel_exporter_collector_up{collector}``: 1 when the source read its hardware completely; 0 when
+  the hardware is absent, the source is unavailable, it raised, or it skipped anything it could not
+  read or parse (the series it could read are still exported).
+- ``accel_exporter_collector_hardware_present{collector}``: 0 only when the source found none of its
+  hardware (no InfiniBand on a GPU node, no NVIDIA driver on a CPU node), so rules can tell "nothing
+  to read here" from "broken".
+- ``accel_exporter_collector_errors{collector}``: problems met in this scrape (unreadable or garbage
+  files, an unavailable source, an exception).
+- ``accel_exporter_collector_duration_seconds{collector}``.
+
+Reasons are logged when a source goes down, and again when it recovers.
 """
 
 from __future__ import annotations
@@ -16,11 +25,17 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from exporter import problems
+
 logger = logging.getLogger(__name__)
 
 
 class SourceUnavailableError(RuntimeError):
-    """A source cannot produce its series right now (no device file, no driver): up 0, no traceback."""
+    """A source cannot produce its series right now (device file unreadable, driver broken)."""
+
+
+class HardwareAbsentError(SourceUnavailableError):
+    """The node has none of the hardware this source reads: up 0, hardware_present 0, no error."""
 
 
 @dataclass(frozen=True)
@@ -33,8 +48,21 @@ class Source:
     """Reads its data and returns fresh metric families; raises to report a failure."""
 
 
+@dataclass(frozen=True)
+class _Outcome:
+    families: list[Metric]
+    present: bool
+    errors: int
+    reason: str | None
+    """Why the source is down; None while it is up."""
+
+
+def _gauge(name: str, help_text: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, help_text, labels=["collector"])
+
+
 class SourcesCollector(Collector):
-    """A prometheus_client collector running each source, with up/duration series per source."""
+    """A prometheus_client collector running each source, with health series per source."""
 
     def __init__(self, sources: Sequence[Source], *, clock: Callable[[], float] = time.perf_counter) -> None:
         self._sources = tuple(sources)
@@ -42,40 +70,56 @@ class SourcesCollector(Collector):
         self._down: set[str] = set()
 
     def collect(self) -> Iterator[Metric]:
-        up = GaugeMetricFamily(
+        up = _gauge(
             "accel_exporter_collector_up",
-            "Whether the collector produced its series in this scrape (1) or failed (0).",
-            labels=["collector"],
+            "1 when the collector read its hardware completely in this scrape; 0 when the hardware is "
+            "absent, the source failed, or anything had to be skipped.",
         )
-        duration = GaugeMetricFamily(
-            "accel_exporter_collector_duration_seconds",
-            "Time the collector took in this scrape.",
-            labels=["collector"],
+        present = _gauge(
+            "accel_exporter_collector_hardware_present",
+            "0 when the collector found none of the hardware it reads on this node.",
+        )
+        errors = _gauge(
+            "accel_exporter_collector_errors",
+            "Problems (unreadable or malformed input, failures) the collector met in this scrape.",
+        )
+        duration = _gauge(
+            "accel_exporter_collector_duration_seconds", "Time the collector took in this scrape."
         )
         for source in self._sources:
             started = self._clock()
-            families, error = self._run(source)
+            outcome = self._run(source)
             duration.add_metric([source.name], self._clock() - started)
-            up.add_metric([source.name], 0.0 if error else 1.0)
-            self._note(source.name, error)
-            yield from families
-        yield up
-        yield duration
+            up.add_metric([source.name], 0.0 if outcome.reason else 1.0)
+            present.add_metric([source.name], 1.0 if outcome.present else 0.0)
+            errors.add_metric([source.name], outcome.errors)
+            self._note(source.name, outcome.reason)
+            yield from outcome.families
+        yield from (up, present, errors, duration)
 
     @staticmethod
-    def _run(source: Source) -> tuple[list[Metric], str | None]:
-        try:
-            return list(source.collect()), None
-        except SourceUnavailableError as exc:
-            return [], str(exc)
-        except Exception as exc:  # one broken source must not break the scrape; up 0 + log
-            logger.exception("collector %s failed", source.name)
-            return [], f"{type(exc).__name__}: {exc}"
+    def _run(source: Source) -> _Outcome:
+        with problems.recording() as found:
+            try:
+                families = list(source.collect())
+            except HardwareAbsentError as exc:
+                return _Outcome([], present=False, errors=len(found), reason=f"absent: {exc}")
+            except SourceUnavailableError as exc:
+                return _Outcome([], present=True, errors=len(found) + 1, reason=str(exc))
+            except Exception as exc:  # one broken source must not break the scrape; up 0 + log
+                logger.exception("collector %s failed", source.name)
+                return _Outcome(
+                    [], present=True, errors=len(found) + 1, reason=f"{type(exc).__name__}: {exc}"
+                )
+        if found:
+            reason = f"{len(found)} problem(s), first: {found[0]}"
+            return _Outcome(families, present=True, errors=len(found), reason=reason)
+        return _Outcome(families, present=True, errors=0, reason=None)
 
-    def _note(self, name: str, error: str | None) -> None:
-        if error is not None and name not in self._down:
+    def _note(self, name: str, reason: str | None) -> None:
+        if reason is not None and name not in self._down:
             self._down.add(name)
-            logger.warning("collector %s is down: %s", name, error)
-        elif error is None and name in self._down:
+            logger.warning("collector %s is down: %s", name, reason)
+        elif reason is None and name in self._down:
             self._down.discard(name)
             logger.info("collector %s is up again", name)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporter.readers.sysfs import InfinibandPort
+from exporter.readers.sysfs import InfinibandDevice, InfinibandPort
 
 _BYTE_COUNTERS = frozenset({"port_rcv_data", "port_xmit_data"})
 _UNSAFE = re.compile(r"[^a-z0-9_]")
@@ -26,9 +26,21 @@ def counter_metric_name(counter: str) -> str:
     return f"accel_infiniband_port_{name}"
 
 
-def infiniband_metrics(ports: Sequence[InfinibandPort]) -> list[Metric]:
-    """Metric families for the ports found."""
+def infiniband_metrics(devices: Sequence[InfinibandDevice], ports: Sequence[InfinibandPort]) -> list[Metric]:
+    """Metric families for the adapters and ports found."""
     labels = ["device", "port"]
+    device_info = GaugeMetricFamily(
+        "accel_infiniband_device_info",
+        "1 per InfiniBand adapter, with its firmware version, board id and adapter type.",
+        labels=["device", "fw_ver", "board_id", "hca_type"],
+    )
+    for device in devices:
+        device_info.add_metric([device.device, device.fw_ver, device.board_id, device.hca_type], 1)
+    hw_counters = CounterMetricFamily(
+        "accel_infiniband_port_driver_events",
+        "The adapter driver's own port counters (sysfs hw_counters/<counter>), by counter name.",
+        labels=[*labels, "counter"],
+    )
     state = GaugeMetricFamily(
         "accel_infiniband_port_state",
         "Logical port state: 1 down, 2 init, 3 armed, 4 active, 5 active-defer.",
@@ -60,4 +72,14 @@ def infiniband_metrics(ports: Sequence[InfinibandPort]) -> list[Metric]:
                     name, f"InfiniBand port counter {counter} (sysfs counters/{counter}).", labels=labels
                 )
             counters[name].add_metric(values, value)
-    return [state, physical, rate, info, *(counters[name] for name in sorted(counters))]
+        for counter, value in port.hw_counters.items():
+            hw_counters.add_metric([*values, counter], value)
+    return [
+        device_info,
+        state,
+        physical,
+        rate,
+        info,
+        *(counters[name] for name in sorted(counters)),
+        hw_counters,
+    ]

@@ -1,7 +1,8 @@
 """Kernel-log counts -> Xid, fallen-off-bus, SXid, NEURON_HW_ERR and record counters.
 
-MIG: Xid records from MIG instances (``GPU-I:``/``GPU-CI:``) are parsed and counted against their GPU;
-the instance ids are not labels, so every series keeps the fixed label set ``{pci_bus_id, gpu, xid}``.
+MIG: Xid records from MIG instances (``GPU-I:``/``GPU-CI:``) carry the instance ids as the labels
+``gpu_instance`` and ``compute_instance``; other series have exactly the contract's labels
+``{pci_bus_id, gpu, xid}``.
 """
 
 from __future__ import annotations
@@ -25,8 +26,13 @@ def kmsg_metrics(snapshot: KmsgSnapshot, *, gpu_indices: Mapping[str, int]) -> l
         "NVIDIA Xid records in the kernel log since boot.",
         labels=["pci_bus_id", "gpu", "xid"],
     )
-    for (pci, number), count in sorted(snapshot.xid.items()):
-        xid.add_metric([pci, _gpu(gpu_indices, pci), str(number)], count)
+    for (pci, number, gpu_instance, compute_instance), count in sorted(snapshot.xid.items()):
+        labels = {"pci_bus_id": pci, "gpu": _gpu(gpu_indices, pci), "xid": str(number)}
+        if gpu_instance:
+            labels["gpu_instance"] = gpu_instance
+        if compute_instance:
+            labels["compute_instance"] = compute_instance
+        xid.add_sample("accel_gpu_xid_errors_total", labels, count)
     fell_off = CounterMetricFamily(
         "accel_gpu_fallen_off_bus",
         "The driver's multi-line 'GPU has fallen off the bus' messages (no Xid number) since boot.",

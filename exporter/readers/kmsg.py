@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import errno
 import functools
+import json
 import logging
 import os
 import re
 import select
 import stat
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
+from typing import TypeVar
 
 logger = logging.getLogger(__name__)
 
@@ -261,8 +264,8 @@ class KmsgSnapshot:
     """Records read (continuation lines are part of their record)."""
     missed: int
     """Records the kernel overwrote before they were read (gaps in the sequence numbers)."""
-    xid: Mapping[tuple[str, int], int]
-    """(pci_bus_id, xid) -> records."""
+    xid: Mapping[XidKey, int]
+    """(pci_bus_id, xid, gpu_instance, compute_instance) -> records; MIG ids are "" outside MIG."""
     fallen_off_bus: Mapping[str, int]
     """pci_bus_id -> multi-line "fallen off the bus" messages."""
     sxid: Mapping[tuple[str, int], int]
@@ -275,8 +278,21 @@ class KmsgSnapshot:
     """Why the source cannot be read right now; None while it is read normally."""
 
 
-def _bump(counts: dict[tuple[str, int], int], key: tuple[str, int]) -> None:
+XidKey = tuple[str, int, str, str]
+"""(pci_bus_id, xid, gpu_instance, compute_instance); the MIG instance ids are "" outside MIG."""
+
+
+_K = TypeVar("_K")
+
+
+def _bump(counts: dict[_K, int], key: _K) -> None:
     counts[key] = counts.get(key, 0) + 1
+
+
+def _whole(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected a non-negative integer, got {value!r}")
+    return value
 
 
 _LINE_BREAKS = re.compile(r"\n[ \n]")
@@ -308,7 +324,7 @@ class KmsgTally:
         self.missed = 0
         self._last_seq: int | None = None
         self._decoder = KmsgDecoder()
-        self._xid: dict[tuple[str, int], int] = {}
+        self._xid: dict[XidKey, int] = {}
         self._sxid: dict[tuple[str, int], int] = {}
         self._neuron: dict[tuple[str, str], int] = {}
         self._fell_off: dict[str, int] = {}
@@ -317,18 +333,26 @@ class KmsgTally:
     def add_lines(self, lines: Iterable[str]) -> None:
         """Adds records one line at a time; lines starting with a space continue the previous record."""
         records, last_seq, missed = 0, self._last_seq, 0
+        skipping = False
         for line in lines:
             if not line or line[0] == " ":
                 continue
-            records += 1
             fields, message = _split_prefix(line)
             if fields is not None:
                 seq = int(fields[1])
+                if last_seq is not None and seq <= last_seq:
+                    # Counted before: a re-read after a restart that resumed from saved state.
+                    skipping = True
+                    continue
+                skipping = False
                 # The first record's number says how many went before it (from 0 at boot).
                 gap = seq if last_seq is None else seq - last_seq - 1
                 if gap > 0:
                     missed += gap
                 last_seq = seq
+            elif skipping:
+                continue  # a plain line can't be placed; it follows a record already counted
+            records += 1
             if "NVRM" in message or "SXid" in message or "NEURON_HW_ERR" in message:
                 self._apply(self._decoder.feed(message))
         self.records += records
@@ -375,18 +399,61 @@ class KmsgTally:
 
     def _apply(self, event: KmsgEvent | None) -> None:
         match event:
-            case XidEvent(pci_bus_id=pci, xid=xid):
-                _bump(self._xid, (pci, xid))
+            case XidEvent(pci_bus_id=pci, xid=xid, gpu_instance=gi, compute_instance=ci):
+                _bump(self._xid, (pci, xid, "" if gi is None else str(gi), "" if ci is None else str(ci)))
             case SxidEvent(pci_bus_id=pci, sxid=sxid):
                 _bump(self._sxid, (pci, sxid))
             case NeuronHwErrorEvent(neuron_device=device, error=error):
-                self._neuron[device, error] = self._neuron.get((device, error), 0) + 1
+                _bump(self._neuron, (device, error))
             case FallenOffBusEvent(pci_bus_id=pci):
-                self._fell_off[pci] = self._fell_off.get(pci, 0) + 1
+                _bump(self._fell_off, pci)
             case GpuUuidEvent(pci_bus_id=pci, uuid=uuid):
                 self._uuids[pci] = uuid
             case None:
                 pass
+
+    def to_state(self) -> dict[str, object]:
+        """Everything needed to resume counting in the same boot, as JSON-ready data."""
+        return {
+            "records": self.records,
+            "missed": self.missed,
+            "last_seq": self._last_seq,
+            "xid": [[*key, count] for key, count in sorted(self._xid.items())],
+            "sxid": [[*key, count] for key, count in sorted(self._sxid.items())],
+            "neuron_hw_errors": [[*key, count] for key, count in sorted(self._neuron.items())],
+            "fallen_off_bus": dict(sorted(self._fell_off.items())),
+            "gpu_uuids": dict(sorted(self._uuids.items())),
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, object]) -> KmsgTally:
+        """The tally :meth:`to_state` described; raises ValueError (or TypeError) on malformed data."""
+
+        def rows(name: str, width: int) -> list[list[object]]:
+            value = state.get(name, [])
+            if not isinstance(value, list) or not all(isinstance(r, list) and len(r) == width for r in value):
+                raise ValueError(f"{name}: expected rows of {width} fields")
+            return value
+
+        def table(name: str) -> dict[str, object]:
+            value = state.get(name, {})
+            if not isinstance(value, dict):
+                raise ValueError(f"{name}: expected an object")
+            return value
+
+        tally = cls()
+        tally.records = _whole(state.get("records", 0))
+        tally.missed = _whole(state.get("missed", 0))
+        last_seq = state.get("last_seq")
+        tally._last_seq = None if last_seq is None else _whole(last_seq)
+        tally._xid = {
+            (str(pci), _whole(xid), str(gi), str(ci)): _whole(n) for pci, xid, gi, ci, n in rows("xid", 5)
+        }
+        tally._sxid = {(str(pci), _whole(sxid)): _whole(n) for pci, sxid, n in rows("sxid", 3)}
+        tally._neuron = {(str(dev), str(err)): _whole(n) for dev, err, n in rows("neuron_hw_errors", 3)}
+        tally._fell_off = {str(pci): _whole(n) for pci, n in table("fallen_off_bus").items()}
+        tally._uuids = {str(pci): str(uuid) for pci, uuid in table("gpu_uuids").items()}
+        return tally
 
     def snapshot(self, *, error: str | None = None) -> KmsgSnapshot:
         """An immutable copy of the counts."""
@@ -402,6 +469,81 @@ class KmsgTally:
         )
 
 
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+STATE_FILE_NAME = "kmsg-state.json"
+
+
+class KmsgStateStore:
+    """Keeps a tally in ``<directory>/kmsg-state.json``, tagged with the boot it belongs to.
+
+    On a node the directory is a hostPath, so a restarted exporter resumes the counts of the same boot,
+    including events the ring buffer has overwritten since; a state file from another boot is ignored
+    (counts start from zero again). Writes are atomic (a temporary file renamed over the old one).
+    """
+
+    def __init__(self, directory: Path, *, boot_id_path: Path = BOOT_ID_PATH) -> None:
+        self.path = directory / STATE_FILE_NAME
+        self.boot_id_path = boot_id_path
+        self._last_error: str | None = None
+
+    def boot_id(self) -> str | None:
+        try:
+            text = self.boot_id_path.read_text().strip()
+        except OSError as exc:
+            logger.warning(
+                "kmsg: cannot read the boot id from %s: %s", self.boot_id_path, exc.strerror or exc
+            )
+            return None
+        return text or None
+
+    def load(self) -> KmsgTally | None:
+        """The tally saved during this boot; None when there is none, it is from another boot, or bad."""
+        boot_id = self.boot_id()
+        if boot_id is None:
+            return None
+        try:
+            state = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            logger.warning("kmsg: ignoring unreadable state %s: %s", self.path, exc)
+            return None
+        if not isinstance(state, dict) or state.get("boot_id") != boot_id:
+            logger.info("kmsg: %s is from another boot; counting from zero", self.path)
+            return None
+        try:
+            tally = KmsgTally.from_state(state)
+        except (ValueError, TypeError) as exc:
+            logger.warning("kmsg: ignoring malformed state %s: %s", self.path, exc)
+            return None
+        logger.info(
+            "kmsg: resuming this boot's counts from %s (%d records, last sequence %s)",
+            self.path,
+            tally.records,
+            state.get("last_seq"),
+        )
+        return tally
+
+    def save(self, state: Mapping[str, object]) -> bool:
+        """Writes ``state`` (:meth:`KmsgTally.to_state`) for this boot; False (logged once) on failure."""
+        boot_id = self.boot_id()
+        if boot_id is None:
+            return False
+        temporary = self.path.with_name(f".{self.path.name}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(json.dumps({"boot_id": boot_id, **state}))
+            os.replace(temporary, self.path)
+        except OSError as exc:
+            error = f"cannot write {self.path}: {exc.strerror or exc}"
+            if error != self._last_error:
+                logger.warning("kmsg: %s", error)
+                self._last_error = error
+            return False
+        self._last_error = None
+        return True
+
+
 _DEVICE_READ_SIZE = 16384
 """Larger than any record (the kernel caps a record at about 8 KiB with its dictionary)."""
 _FILE_READ_SIZE = 65536
@@ -414,19 +556,39 @@ class KmsgFollower:
     in ``error`` and the thread retries every ``retry_interval`` seconds.
     """
 
-    def __init__(self, path: Path, *, poll_interval: float = 0.05, retry_interval: float = 5.0) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        state_store: KmsgStateStore | None = None,
+        save_interval: float = 1.0,
+        poll_interval: float = 0.05,
+        retry_interval: float = 5.0,
+    ) -> None:
         self.path = path
+        self.state_store = state_store
+        """Where the counts are kept across restarts in the same boot; None keeps them in memory only."""
+        self.save_interval = save_interval
+        """Seconds between state writes while records arrive (and once more on stop)."""
         self.poll_interval = poll_interval
         """Seconds between looks at a followed file once its end is reached."""
         self.retry_interval = retry_interval
         """Seconds between attempts to open a path that cannot be opened."""
         self._lock = threading.Lock()
         self._tally = KmsgTally()
+        self._saved_progress: tuple[int, int] | None = None
+        self._saved_at = 0.0
         self._error: str | None = "not read yet"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        if self.state_store is not None:
+            restored = self.state_store.load()
+            if restored is not None:
+                with self._lock:
+                    self._tally = restored
+                    self._saved_progress = (restored.records, restored.missed)
         self._thread = threading.Thread(target=self._run, name="kmsg-follower", daemon=True)
         self._thread.start()
 
@@ -434,6 +596,22 @@ class KmsgFollower:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        self._save(force=True)
+
+    def _save(self, *, force: bool = False) -> None:
+        """Writes the state when records arrived since the last write and the interval has passed."""
+        if self.state_store is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            progress = (self._tally.records, self._tally.missed)
+            if progress == self._saved_progress:
+                return
+            if not force and now - self._saved_at < self.save_interval:
+                return
+            state = self._tally.to_state()
+        if self.state_store.save(state):
+            self._saved_progress, self._saved_at = progress, now
 
     def snapshot(self) -> KmsgSnapshot:
         with self._lock:
@@ -485,17 +663,20 @@ class KmsgFollower:
                 logger.debug("kmsg: ring buffer overran the reader (EPIPE)")
                 continue
             if not data:
+                self._save()
                 self._stop.wait(self.poll_interval)
                 continue
             line = data.split(b"\n", 1)[0].decode("utf-8", errors="replace")
             with self._lock:
                 self._tally.add_lines((line,))
+            self._save()
 
     def _follow_file(self, fd: int) -> None:
         pending = b""
         while not self._stop.is_set():
             data = os.read(fd, _FILE_READ_SIZE)
             if not data:
+                self._save()
                 self._stop.wait(self.poll_interval)
                 continue
             pending += data
@@ -506,3 +687,4 @@ class KmsgFollower:
             text = complete.decode("utf-8", errors="replace")
             with self._lock:
                 self._tally.add_text(text)
+            self._save()

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
+from exporter import problems
 from exporter.readers.kmsg import normalise_pci_bus_id
 
 logger = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ def _read_text(path: Path) -> str | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        logger.warning("sysfs: cannot read %s: %s", path, exc.strerror or exc)
+        problems.note(logger, "sysfs: cannot read %s: %s", path, exc.strerror or exc)
         return None
 
 
@@ -47,7 +48,7 @@ def _read_hex(path: Path) -> int | None:
     try:
         return int(text, 16)
     except ValueError:
-        logger.warning("sysfs: %s is not a hex number: %r", path, text[:80])
+        problems.note(logger, "sysfs: %s is not a hex number: %r", path, text[:80])
         return None
 
 
@@ -58,7 +59,7 @@ def _read_int(path: Path) -> int | None:
     try:
         return int(text)
     except ValueError:
-        logger.warning("sysfs: %s is not an integer: %r", path, text[:80])
+        problems.note(logger, "sysfs: %s is not an integer: %r", path, text[:80])
         return None
 
 
@@ -69,7 +70,7 @@ def _leading_number(path: Path) -> int | None:
         return None
     head = text.split(":", 1)[0].strip()
     if not head.isdigit():
-        logger.warning("sysfs: %s does not start with a number: %r", path, text[:80])
+        problems.note(logger, "sysfs: %s does not start with a number: %r", path, text[:80])
         return None
     return int(head)
 
@@ -142,7 +143,7 @@ def _read_link_speed(path: Path) -> float | None:
     if match:
         return float(match.group(1))
     if not text.lower().startswith("unknown"):
-        logger.warning("sysfs: %s is not a link speed: %r", path, text[:80])
+        problems.note(logger, "sysfs: %s is not a link speed: %r", path, text[:80])
     return None
 
 
@@ -157,7 +158,7 @@ def _read_aer(path: Path, severity: str) -> AerCounters | None:
         try:
             number = int(value.strip())
         except ValueError:
-            logger.warning("sysfs: %s has a line that is not 'NAME value': %r", path, line[:80])
+            problems.note(logger, "sysfs: %s has a line that is not 'NAME value': %r", path, line[:80])
             continue
         if name.startswith("TOTAL_ERR_"):
             total = number
@@ -192,7 +193,7 @@ def read_pci_accelerators(sysfs_root: Path) -> tuple[PciDevice, ...]:
         try:
             pci_bus_id = normalise_pci_bus_id(entry.name)
         except ValueError:
-            logger.warning("sysfs: %s is not named like a PCI address", entry)
+            problems.note(logger, "sysfs: %s is not named like a PCI address", entry)
             continue
         aer = tuple(
             counters
@@ -252,6 +253,22 @@ class InfinibandPort:
     counters: Mapping[str, int]
     """Counter file name -> value; data counters already converted from 4-byte words to bytes.
     Counters reading ``N/A (no PMA)`` are left out."""
+    hw_counters: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    """The driver's own counters (``hw_counters/``, e.g. mlx5's ``out_of_buffer``), by file name."""
+
+
+@dataclass(frozen=True)
+class InfinibandDevice:
+    """An InfiniBand (or RoCE) adapter's identity, for the info series."""
+
+    device: str
+    """``mlx5_0``."""
+    fw_ver: str
+    """Firmware version, ``28.39.1002``; empty when unreadable."""
+    board_id: str
+    """Board (PSID), ``MT_0000000838``; empty when unreadable."""
+    hca_type: str
+    """Adapter type, ``MT4129``; empty when unreadable."""
 
 
 def _read_rate(path: Path) -> float | None:
@@ -260,12 +277,12 @@ def _read_rate(path: Path) -> float | None:
         return None
     match = _RATE.match(text)
     if not match:
-        logger.warning("sysfs: %s is not a rate in Gb/sec: %r", path, text[:80])
+        problems.note(logger, "sysfs: %s is not a rate in Gb/sec: %r", path, text[:80])
         return None
     return float(match.group(1)) * 1e9 / 8
 
 
-def _read_port_counters(directory: Path) -> Mapping[str, int]:
+def _read_port_counters(directory: Path, *, words: frozenset[str] = _WORD_COUNTERS) -> Mapping[str, int]:
     counters: dict[str, int] = {}
     if not directory.is_dir():
         return MappingProxyType(counters)
@@ -279,9 +296,9 @@ def _read_port_counters(directory: Path) -> Mapping[str, int]:
         try:
             value = int(text)
         except ValueError:
-            logger.warning("sysfs: %s is not a counter: %r", path, text[:80])
+            problems.note(logger, "sysfs: %s is not a counter: %r", path, text[:80])
             continue
-        counters[path.name] = value * 4 if path.name in _WORD_COUNTERS else value
+        counters[path.name] = value * 4 if path.name in words else value
     return MappingProxyType(counters)
 
 
@@ -305,9 +322,26 @@ def read_infiniband_ports(sysfs_root: Path) -> tuple[InfinibandPort, ...]:
                     rate_bytes_per_second=_read_rate(port / "rate"),
                     link_layer=_read_text(port / "link_layer"),
                     counters=_read_port_counters(port / "counters"),
+                    hw_counters=_read_port_counters(port / "hw_counters", words=frozenset()),
                 )
             )
     return tuple(ports)
+
+
+def read_infiniband_devices(sysfs_root: Path) -> tuple[InfinibandDevice, ...]:
+    """Adapters under ``<root>/class/infiniband``, sorted by name."""
+    class_dir = sysfs_root / "class" / "infiniband"
+    if not class_dir.is_dir():
+        return ()
+    return tuple(
+        InfinibandDevice(
+            device=device.name,
+            fw_ver=_read_text(device / "fw_ver") or "",
+            board_id=_read_text(device / "board_id") or "",
+            hca_type=_read_text(device / "hca_type") or "",
+        )
+        for device in sorted(class_dir.iterdir())
+    )
 
 
 # -- Neuron -------------------------------------------------------------------------------------------

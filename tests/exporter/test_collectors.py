@@ -170,10 +170,13 @@ def test_neuron_sysfs_counters_and_kmsg_errors_are_separate_series(tmp_path: Pat
     assert registry.get_sample_value("accel_infiniband_port_state", {"device": "mlx5_0", "port": "1"}) is None
 
 
-def test_absent_hardware_keeps_sysfs_collectors_up_with_no_series(tmp_path: Path) -> None:
+def test_absent_hardware_is_collector_down_without_hardware_and_without_errors(tmp_path: Path) -> None:
     registry = registry_for(tmp_path, kmsg=None, nvml=None)
     for collector in ("pci", "infiniband", "neuron"):
-        assert registry.get_sample_value("accel_exporter_collector_up", {"collector": collector}) == 1
+        labels = {"collector": collector}
+        assert registry.get_sample_value("accel_exporter_collector_up", labels) == 0
+        assert registry.get_sample_value("accel_exporter_collector_hardware_present", labels) == 0
+        assert registry.get_sample_value("accel_exporter_collector_errors", labels) == 0
     assert registry.get_sample_value("accel_pci_devices", {"vendor": "nvidia"}) is None
     assert registry.get_sample_value("accel_exporter_collector_up", {"collector": "kmsg"}) is None
     assert registry.get_sample_value("accel_exporter_collector_up", {"collector": "nvml"}) is None
@@ -254,4 +257,4 @@ def test_the_framework_reports_a_failing_source_down_and_keeps_the_others() -> N
 def test_the_tally_snapshot_is_immutable() -> None:
     snapshot = KmsgTally().snapshot()
     with pytest.raises(TypeError):
-        snapshot.xid["0000:9d:00", 79] = 1  # type: ignore[index]
+        snapshot.xid["0000:9d:00", 79, "", ""] = 1  # type: ignore[index]

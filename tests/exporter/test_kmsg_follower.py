@@ -48,7 +48,7 @@ def test_a_file_is_read_from_its_first_record(follower: KmsgFollower) -> None:
 def test_a_record_appended_after_start_is_counted(follower: KmsgFollower, kmsg_file: Path) -> None:
     assert wait_until(lambda: follower.snapshot().records == FIXTURE_RECORDS)
     append(kmsg_file, f"3,{FIXTURE_RECORDS},9000000,-;{XID_79}\n")
-    assert wait_until(lambda: dict(follower.snapshot().xid) == {("0000:9d:00", 79): 1}, timeout=0.3)
+    assert wait_until(lambda: dict(follower.snapshot().xid) == {("0000:9d:00", 79, "", ""): 1}, timeout=0.3)
 
 
 def test_a_partial_line_is_not_counted_until_its_newline_arrives(
@@ -58,7 +58,7 @@ def test_a_partial_line_is_not_counted_until_its_newline_arrives(
     append(kmsg_file, f"3,{FIXTURE_RECORDS},9000000,-;NVRM: Xid (PCI:0000:9d:00): 7")
     assert not wait_until(lambda: follower.snapshot().records > FIXTURE_RECORDS, timeout=0.2)
     append(kmsg_file, "9, GPU has fallen off the bus.\n")
-    assert wait_until(lambda: dict(follower.snapshot().xid) == {("0000:9d:00", 79): 1})
+    assert wait_until(lambda: dict(follower.snapshot().xid) == {("0000:9d:00", 79, "", ""): 1})
 
 
 def test_a_gap_in_sequence_numbers_counts_as_missed_records(follower: KmsgFollower, kmsg_file: Path) -> None:

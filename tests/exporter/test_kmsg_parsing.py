@@ -211,7 +211,7 @@ def test_the_tally_counts_records_events_and_sequence_gaps() -> None:
     snapshot = tally.snapshot()
     assert snapshot.records == 5
     assert snapshot.missed == 2
-    assert dict(snapshot.xid) == {("0000:91:00", 79): 2}
+    assert dict(snapshot.xid) == {("0000:91:00", 79, "", ""): 2}
     assert dict(snapshot.neuron_hw_errors) == {("", "DMA_ERROR"): 1}
 
 
