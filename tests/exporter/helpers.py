@@ -43,3 +43,7 @@ def sample_value(exposition: str, name: str, labels: Mapping[str, str] | None = 
             if sample.name == name and sample.labels == wanted:
                 return float(sample.value)
     return None
+
+
+GPU_BUS_PATHS = tuple(f"bus/pci/devices/{bus}.0" for bus in GPU_NODE_BUS_IDS)
+"""Each GPU's directory relative to the sysfs root, through the bus symlink (as real sysfs has it)."""
