@@ -23,6 +23,7 @@ from exporter.collectors.pci import pci_metrics
 from exporter.readers.kmsg import BOOT_ID_PATH, KmsgFollower
 from exporter.readers.nvml import NvmlReader
 from exporter.readers.sysfs import (
+    PciIdentity,
     nvidia_gpu_indices,
     read_infiniband_devices,
     read_infiniband_ports,
@@ -59,9 +60,10 @@ def build_sources(
     """
     root = settings.sysfs_root
     gpu_indices: dict[str, int] = {}
+    identities: dict[str, PciIdentity] = {}
 
     def collect_pci() -> list[Metric]:
-        devices = read_pci_accelerators(root)
+        devices = read_pci_accelerators(root, identities=identities)
         gpu_indices.clear()
         gpu_indices.update(nvidia_gpu_indices(devices))
         if not devices:

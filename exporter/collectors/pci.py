@@ -56,7 +56,8 @@ def pci_metrics(devices: Sequence[PciDevice], *, gpu_uuids: Mapping[str, str]) -
     }
     aer = CounterMetricFamily(
         "accel_pcie_aer_errors",
-        "PCIe AER error counts by severity and error name (aer_dev_* files).",
+        "PCIe AER error counts by severity and error name (aer_dev_* files); a name is exported once "
+        "its count is above 0, the per-severity totals always.",
         labels=[*_DEVICE_LABELS, "severity", "error"],
     )
     aer_reports = CounterMetricFamily(
@@ -76,7 +77,8 @@ def pci_metrics(devices: Sequence[PciDevice], *, gpu_uuids: Mapping[str, str]) -
                 bandwidth[which].add_metric(labels, bytes_per_second)
         for counters in device.aer:
             for error, value in sorted(counters.errors.items()):
-                aer.add_metric([*labels, counters.severity, error], value)
+                if value:  # ~44 names per device, nearly always 0: a name appears with its first error
+                    aer.add_metric([*labels, counters.severity, error], value)
             if counters.total is not None:
                 aer_reports.add_metric([*labels, counters.severity], counters.total)
     return [count, info, *speed.values(), *width.values(), *bandwidth.values(), aer, aer_reports]
