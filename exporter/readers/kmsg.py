@@ -649,6 +649,11 @@ class KmsgFollower:
         finally:
             os.close(fd)
 
+    def _same_file(self, fd: int) -> bool:
+        """Whether the path still names the open file; raises OSError when the path is gone."""
+        path, opened = os.stat(self.path), os.fstat(fd)
+        return (path.st_dev, path.st_ino) == (opened.st_dev, opened.st_ino)
+
     def _read_device(self, fd: int) -> None:
         while not self._stop.is_set():
             try:
@@ -672,12 +677,21 @@ class KmsgFollower:
             self._save()
 
     def _follow_file(self, fd: int) -> None:
+        """Follows the file like ``tail -F``: a truncated file is read again from its start, a replaced
+        one is reopened; sequence numbers keep records read twice from being counted twice."""
         pending = b""
         while not self._stop.is_set():
             data = os.read(fd, _FILE_READ_SIZE)
             if not data:
                 self._save()
                 self._stop.wait(self.poll_interval)
+                if not self._same_file(fd):
+                    logger.info("kmsg: %s was replaced; reopening it", self.path)
+                    return
+                if os.fstat(fd).st_size < os.lseek(fd, 0, os.SEEK_CUR):
+                    logger.info("kmsg: %s was truncated; reading it from the start", self.path)
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    pending = b""
                 continue
             pending += data
             end = pending.rfind(b"\n")

@@ -88,3 +88,30 @@ def test_the_real_kmsg_device_is_read_one_record_at_a_time() -> None:
         assert follower.snapshot().error is None
     finally:
         follower.stop()
+
+
+def test_a_truncated_file_is_read_again_without_counting_twice(
+    follower: KmsgFollower, kmsg_file: Path
+) -> None:
+    assert wait_until(lambda: follower.snapshot().records == FIXTURE_RECORDS)
+    append(kmsg_file, f"3,{FIXTURE_RECORDS},9000000,-;{XID_79}\n")
+    assert wait_until(lambda: dict(follower.snapshot().xid) == {("0000:9d:00", 79, "", ""): 1})
+    # Rotated in place: the old records (already counted) and one new Xid.
+    kmsg_file.write_text(
+        f"3,{FIXTURE_RECORDS},9000000,-;{XID_79}\n3,{FIXTURE_RECORDS + 1},9000001,-;{XID_79}\n"
+    )
+    assert wait_until(lambda: dict(follower.snapshot().xid) == {("0000:9d:00", 79, "", ""): 2})
+    assert not wait_until(
+        lambda: dict(follower.snapshot().xid) != {("0000:9d:00", 79, "", ""): 2}, timeout=0.3
+    )
+    assert follower.snapshot().records == FIXTURE_RECORDS + 2
+
+
+def test_a_replaced_file_is_reopened(follower: KmsgFollower, kmsg_file: Path) -> None:
+    assert wait_until(lambda: follower.snapshot().records == FIXTURE_RECORDS)
+    replacement = kmsg_file.with_name("kmsg.new")
+    replacement.write_text(kmsg_file.read_text() + f"3,{FIXTURE_RECORDS},9000000,-;{XID_79}\n")
+    os.replace(replacement, kmsg_file)
+    assert wait_until(lambda: dict(follower.snapshot().xid) == {("0000:9d:00", 79, "", ""): 1})
+    assert follower.snapshot().records == FIXTURE_RECORDS + 1
+    assert follower.snapshot().error is None
