@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from exporter.readers.kmsg import KmsgFollower
-from exporter.readers.nvml import PynvmlReader
+from exporter.readers.nvml import DEFAULT_TIMEOUT, PynvmlReader
 from exporter.sources import ExporterSettings, build_registry, build_sources
 
 logger = logging.getLogger("exporter")
@@ -36,6 +36,17 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def positive_seconds(text: str) -> float:
+    """A positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="accel-health-exporter", description="Raw accelerator and fabric health as Prometheus series."
@@ -46,6 +57,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--kmsg", type=Path, default=Path("/dev/kmsg"), metavar="PATH")
     parser.add_argument("--sysfs-root", type=Path, default=Path("/sys"), metavar="DIR")
     parser.add_argument("--nvml", choices=("auto", "on", "off"), default="auto")
+    parser.add_argument(
+        "--nvml-timeout",
+        type=positive_seconds,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help="bound on NVML calls per scrape, all GPUs together; a call still running is abandoned "
+        f"and reported (default {DEFAULT_TIMEOUT:g})",
+    )
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     return parser
 
@@ -89,11 +108,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    settings = ExporterSettings(kmsg_path=args.kmsg, sysfs_root=args.sysfs_root, nvml=args.nvml)
+    settings = ExporterSettings(
+        kmsg_path=args.kmsg, sysfs_root=args.sysfs_root, nvml=args.nvml, nvml_timeout=args.nvml_timeout
+    )
     host, port = args.listen
 
     follower = KmsgFollower(settings.kmsg_path)
-    nvml = None if settings.nvml == "off" else PynvmlReader()
+    nvml = None if settings.nvml == "off" else PynvmlReader(timeout=settings.nvml_timeout)
     if nvml is not None and settings.nvml == "on" and not (reading := nvml.read()).available:
         logger.error("--nvml=on but %s", reading.reason)
     registry = build_registry(build_sources(settings, kmsg=follower, nvml=nvml))
