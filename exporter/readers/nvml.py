@@ -168,12 +168,17 @@ class NvmlGpuHealth:
     stuck_seconds: float | None = None
     """For ``timeout``/``stuck``: seconds since that call started."""
     ecc: EccErrors | None = None
+    """None when ECC is off or unsupported."""
     remapped_rows: RemappedRows | None = None
+    """None before Ampere."""
     retired_pages: RetiredPages | None = None
+    """None from Ampere on (row remapping replaced page retirement)."""
     pcie: PcieStatus | None = None
+    """None when NVML tells nothing about the link."""
     nvlinks: tuple[NvLink, ...] = ()
     """Links the GPU has; empty without NVLink."""
     clock_throttle: ClockThrottle | None = None
+    """None when the GPU reports no clock-event reasons."""
     temperature_celsius: float | None = None
     """GPU core temperature."""
     power_watts: float | None = None
@@ -353,18 +358,27 @@ class _Identity:
     """What is known about a GPU that does not change while the driver stays loaded."""
 
     handle: Any = None
+    """pynvml's device handle; valid until nvmlShutdown."""
     uuid: str = ""
+    """Empty until NVML told it."""
     pci_bus_id: str = ""
+    """Empty until NVML told it."""
     model: str = ""
+    """Empty until NVML told it."""
     links: tuple[int, ...] | None = None
     """NVLink indices the GPU has, once a probe of every index succeeded."""
 
 
 @dataclass(frozen=True)
 class _GpuResult:
+    """What one GPU job hands back to the reader."""
+
     health: NvmlGpuHealth
+    """The GPU's reading."""
     identity: _Identity
+    """What to remember about the GPU for later reads."""
     errors: Mapping[tuple[str, str], int]
+    """(call, error) -> failures in this job."""
 
 
 _THROTTLE_BITS = (
