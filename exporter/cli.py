@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from exporter.readers.kmsg import KmsgFollower, KmsgStateStore
-from exporter.readers.nvml import PynvmlReader
+from exporter.readers.nvml import DEFAULT_TIMEOUT, PynvmlReader
 from exporter.sources import ExporterSettings, build_registry, build_sources
 
 logger = logging.getLogger("exporter")
@@ -34,6 +34,17 @@ def parse_listen(text: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or int(port) > 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def positive_seconds(text: str) -> float:
+    """A positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,6 +64,14 @@ def _parser() -> argparse.ArgumentParser:
         "events the ring buffer has overwritten nor counts any twice",
     )
     parser.add_argument("--nvml", choices=("auto", "on", "off"), default="auto")
+    parser.add_argument(
+        "--nvml-timeout",
+        type=positive_seconds,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help="bound on NVML calls per scrape, all GPUs together; a call still running is abandoned "
+        f"and reported (default {DEFAULT_TIMEOUT:g})",
+    )
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     return parser
 
@@ -97,7 +116,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     settings = ExporterSettings(
-        kmsg_path=args.kmsg, sysfs_root=args.sysfs_root, nvml=args.nvml, state_dir=args.state_dir
+        kmsg_path=args.kmsg,
+        sysfs_root=args.sysfs_root,
+        nvml=args.nvml,
+        nvml_timeout=args.nvml_timeout,
+        state_dir=args.state_dir,
     )
     host, port = args.listen
 
@@ -107,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else KmsgStateStore(settings.state_dir, boot_id_path=settings.boot_id_path)
     )
     follower = KmsgFollower(settings.kmsg_path, state_store=store)
-    nvml = None if settings.nvml == "off" else PynvmlReader()
+    nvml = None if settings.nvml == "off" else PynvmlReader(timeout=settings.nvml_timeout)
     if nvml is not None and settings.nvml == "on" and not (reading := nvml.read()).available:
         logger.error("--nvml=on but %s", reading.reason)
     registry = build_registry(build_sources(settings, kmsg=follower, nvml=nvml))

@@ -1,7 +1,15 @@
-"""Wires readers to collectors: the named sources one exporter process runs, and its registry."""
+"""Wires readers to collectors: the named sources one exporter process runs, and its registry.
+
+Xid counts have two possible sources and one family, ``accel_gpu_xid_errors_total``: the kernel log
+(since boot, the normal case) and NVML's event API (since the exporter began watching), used only
+while the kernel log cannot be read. One exposition must never hold the family twice, and one Xid must
+never be counted twice, so exactly one source publishes it per scrape; see :class:`XidOwnership`.
+"""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -18,10 +26,10 @@ from exporter.collectors.framework import (
 from exporter.collectors.infiniband import infiniband_metrics
 from exporter.collectors.kmsg import kmsg_metrics
 from exporter.collectors.neuron import neuron_metrics
-from exporter.collectors.nvml import nvml_metrics
+from exporter.collectors.nvml import nvml_metrics, nvml_xid_metrics
 from exporter.collectors.pci import pci_metrics
 from exporter.readers.kmsg import BOOT_ID_PATH, KmsgFollower
-from exporter.readers.nvml import NvmlReader
+from exporter.readers.nvml import DEFAULT_TIMEOUT, NvmlReader
 from exporter.readers.sysfs import (
     PciIdentity,
     nvidia_gpu_indices,
@@ -48,6 +56,40 @@ class ExporterSettings:
     """Where kernel-log counts survive a restart within one boot (a hostPath); None: memory only."""
     boot_id_path: Path = BOOT_ID_PATH
     """The file naming the current boot; state saved in another boot is ignored."""
+    nvml_timeout: float = DEFAULT_TIMEOUT
+    """Seconds one NVML read may take, all GPUs together; calls still running then are abandoned."""
+
+
+class XidOwnership:
+    """Records, per scrape, whether the kernel-log source published the Xid family.
+
+    The kernel-log source runs first in every scrape and calls :meth:`record`; the NVML source
+    publishes NVML's Xid counts only when :meth:`kmsg_published` is False. The record is kept per
+    thread because concurrent scrapes run on separate threads: a shared flag could let one scrape act
+    on another's record and publish the family twice (the kernel log can fail between the two).
+    """
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def record(self, *, published: bool) -> None:
+        self._local.published = published
+
+    def kmsg_published(self) -> bool:
+        """Whether the kernel-log source published the family in this thread's current scrape."""
+        return bool(getattr(self._local, "published", False))
+
+
+class _PciState:
+    """What the ``pci`` source learnt in the latest scrape, for the sources that run after it.
+
+    Replaced whole, never mutated in place, so a concurrent scrape sees one scrape's map or another's,
+    never a half-built one.
+    """
+
+    def __init__(self) -> None:
+        self.gpu_indices: Mapping[str, int] = {}
+        """pci_bus_id -> GPU index, from the PCI bus."""
 
 
 def build_sources(
@@ -59,13 +101,12 @@ def build_sources(
     its series with the GPU indices from that same read.
     """
     root = settings.sysfs_root
-    gpu_indices: dict[str, int] = {}
+    pci_state = _PciState()
     identities: dict[str, PciIdentity] = {}
 
     def collect_pci() -> list[Metric]:
         devices = read_pci_accelerators(root, identities=identities)
-        gpu_indices.clear()
-        gpu_indices.update(nvidia_gpu_indices(devices))
+        pci_state.gpu_indices = nvidia_gpu_indices(devices)  # one reference swap: concurrent scrapes
         if not devices:
             raise HardwareAbsentError(f"no NVIDIA or Neuron devices under {root}/bus/pci/devices")
         uuids = kmsg.snapshot().gpu_uuids if kmsg is not None else {}
@@ -88,19 +129,40 @@ def build_sources(
         Source("infiniband", collect_infiniband),
         Source("neuron", collect_neuron),
     ]
+    xids = XidOwnership()
     if kmsg is not None:
         follower = kmsg
 
         def collect_kmsg() -> list[Metric]:
+            xids.record(published=False)
             snapshot = follower.snapshot()
             if snapshot.error is not None:
                 raise SourceUnavailableError(snapshot.error)
-            return kmsg_metrics(snapshot, gpu_indices=gpu_indices)
+            families = kmsg_metrics(snapshot, gpu_indices=pci_state.gpu_indices)
+            xids.record(published=True)
+            return families
 
         sources.insert(1, Source("kmsg", collect_kmsg))
     if nvml is not None:
         reader = nvml
-        sources.append(Source("nvml", lambda: nvml_metrics(reader.read())))
+
+        def collect_nvml() -> list[Metric]:
+            snapshot = reader.read()
+            if not snapshot.available and settings.nvml == "auto":
+                # No usable NVIDIA driver on this node: absent hardware, not a failure. Rules compare
+                # the GPUs on the PCI bus with NVML's to catch a GPU node whose driver is gone.
+                raise HardwareAbsentError(f"NVML unavailable: {snapshot.reason}")
+            bus_ids: Mapping[int, str] = {}
+            uuids: Mapping[str, str] = {}
+            if any(not gpu.pci_bus_id or not gpu.uuid for gpu in snapshot.gpus):
+                bus_ids = {index: pci for pci, index in pci_state.gpu_indices.items()}
+                uuids = kmsg.snapshot().gpu_uuids if kmsg is not None else {}
+            families = nvml_metrics(snapshot, bus_ids=bus_ids, uuids=uuids)
+            if not xids.kmsg_published():
+                families.extend(nvml_xid_metrics(reader.xid_events()))
+            return families
+
+        sources.append(Source("nvml", collect_nvml))
     return sources
 
 

@@ -1,86 +1,858 @@
-"""NVML reader: an interface, and an implementation over pynvml that degrades to "unavailable".
+"""NVML reader: per-GPU health through pynvml, every call bounded, every failure a value.
 
-pynvml is imported lazily inside :meth:`PynvmlReader.read`, so importing this module never needs the
-library or a driver. Metrics from NVML (ECC, remapped rows, PCIe replays, NVLink) come in a later
-change; for now the reader reports whether NVML works and which GPUs it sees.
+This is the only module that touches pynvml, and it imports it lazily (``importlib``), so importing
+this module needs neither the library nor a driver. Readings are frozen dataclasses; a field is None
+when the GPU does not support it or its call failed.
+
+NVML errors map to values:
+
+- ``NOT_SUPPORTED`` (and ``INVALID_ARGUMENT`` for an NVLink index the GPU does not have): the field is
+  None; nothing is counted, because the field does not exist on that GPU.
+- ``GPU_IS_LOST``: the GPU's status is ``lost``; its other fields are dropped for that read.
+- any other error: the field is None and ``(call, error)`` is counted in ``field_errors``.
+
+Bounded calls: NVML can block for minutes on a wedged GPU (the calling thread sits in D state). Every
+call therefore runs on a worker thread, a *lane*: one lane for initialisation and enumeration, one per
+GPU. A read waits for its lanes until a single deadline (``timeout`` seconds after it started) and
+abandons the jobs still running: their current call is counted in ``call_timeouts`` and their GPU
+reported ``timeout``. An abandoned call keeps its lane busy, and later reads report that GPU ``stuck``
+(naming the call and how long it has been outstanding) instead of starting another thread; once the
+call returns, the lane takes work again. A wedged GPU therefore costs one thread, not one per scrape.
+
+Xid events: :meth:`PynvmlReader.xid_events` starts, on first use, a thread waiting on NVML's event API
+(``nvmlEventTypeXidCriticalError``) and returns the counts seen since then. The exporter uses them only
+where the kernel log cannot be read (see ``exporter.sources``).
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import importlib
 import logging
-from dataclasses import dataclass
-from typing import Any, Protocol
+import queue
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from exporter.readers.kmsg import normalise_pci_bus_id
 
 logger = logging.getLogger(__name__)
 
+GpuStatus = Literal["ok", "lost", "timeout", "stuck", "error"]
+"""``ok``: NVML answered for the GPU (some fields may still have failed); ``lost``: NVML says the GPU
+is lost (fell off the bus); ``timeout``: a call for it did not return within this read's bound;
+``stuck``: a call abandoned by an earlier read has still not returned, so the GPU was skipped;
+``error``: no handle for it (the error is counted)."""
+
+DEFAULT_TIMEOUT = 2.0
+"""Seconds one read may take, all GPUs together (they are read in parallel)."""
+
+_EMPTY: Mapping[Any, int] = MappingProxyType({})
+
 
 @dataclass(frozen=True)
-class NvmlGpu:
-    """One GPU as NVML enumerates it."""
+class EccErrors:
+    """ECC error counts (``nvmlDeviceGetTotalEccErrors``); None where the GPU reports none."""
+
+    volatile_corrected: int | None = None
+    """Corrected errors since the driver was last loaded."""
+    volatile_uncorrected: int | None = None
+    """Uncorrected errors since the driver was last loaded."""
+    aggregate_corrected: int | None = None
+    """Corrected errors over the GPU's life (kept in its infoROM; an operator can clear it)."""
+    aggregate_uncorrected: int | None = None
+    """Uncorrected errors over the GPU's life (kept in its infoROM; an operator can clear it)."""
+
+
+@dataclass(frozen=True)
+class RemappedRows:
+    """Row remapping, Ampere and later (``nvmlDeviceGetRemappedRows``)."""
+
+    correctable: int
+    """Rows remapped because of correctable errors."""
+    uncorrectable: int
+    """Rows remapped because of uncorrectable errors."""
+    pending: bool
+    """A remap is waiting for the next GPU reset."""
+    failure: bool
+    """A remap failed (no spare rows left): the GPU needs replacing."""
+
+
+@dataclass(frozen=True)
+class RetiredPages:
+    """Dynamic page retirement, GPUs before Ampere; None where the GPU does not report a field."""
+
+    single_bit_ecc: int | None = None
+    """Pages retired for multiple single-bit ECC errors."""
+    double_bit_ecc: int | None = None
+    """Pages retired for a double-bit ECC error."""
+    pending: bool | None = None
+    """Pages wait to be retired at the next driver reload (``nvmlDeviceGetRetiredPagesPendingStatus``)."""
+
+
+@dataclass(frozen=True)
+class PcieStatus:
+    """The GPU's PCIe link as NVML sees it; None where unsupported or failed."""
+
+    current_generation: int | None = None
+    """Negotiated PCIe generation (e.g. 5)."""
+    max_generation: int | None = None
+    """Highest generation the GPU and its slot support together."""
+    current_width: int | None = None
+    """Negotiated lanes."""
+    max_width: int | None = None
+    """Most lanes the GPU and its slot support together."""
+    replay_errors: int | None = None
+    """PCIe replay counter since the driver was loaded."""
+    tx_bytes_per_second: float | None = None
+    """Transmit throughput sampled by NVML over about 20 ms (NVML reports KiB/s)."""
+    rx_bytes_per_second: float | None = None
+    """Receive throughput sampled by NVML over about 20 ms (NVML reports KiB/s)."""
+
+
+@dataclass(frozen=True)
+class NvLink:
+    """One NVLink link of a GPU."""
+
+    link: int
+    """Link index, 0-based."""
+    up: bool | None = None
+    """Whether the link is active (``nvmlDeviceGetNvLinkState``)."""
+    crc_flit: int | None = None
+    """Data-link flit CRC errors (``NVML_NVLINK_ERROR_DL_CRC_FLIT``)."""
+    crc_data: int | None = None
+    """Data-link data CRC errors (``NVML_NVLINK_ERROR_DL_CRC_DATA``)."""
+    replay: int | None = None
+    """Data-link replays (``NVML_NVLINK_ERROR_DL_REPLAY``)."""
+    recovery: int | None = None
+    """Data-link recoveries (``NVML_NVLINK_ERROR_DL_RECOVERY``)."""
+
+
+@dataclass(frozen=True)
+class ClockThrottle:
+    """Active clock-throttle (clocks-event) reasons; None for a reason the GPU does not support."""
+
+    hw_slowdown: bool | None = None
+    """Hardware slowdown (set with thermal slowdown and power brake too, or on its own)."""
+    hw_thermal_slowdown: bool | None = None
+    """Hardware thermal slowdown: the GPU or its memory is too hot."""
+    hw_power_brake: bool | None = None
+    """External power brake asserted (e.g. by the power supply)."""
+    sw_thermal_slowdown: bool | None = None
+    """Driver-initiated thermal slowdown."""
+    sw_power_cap: bool | None = None
+    """The power limit holds clocks down."""
+
+
+@dataclass(frozen=True)
+class NvmlGpuHealth:
+    """One GPU in one read. Identity fields are empty strings where unknown (e.g. a lost GPU)."""
 
     index: int
-    uuid: str
-    pci_bus_id: str
+    """NVML index (PCI bus order)."""
+    status: GpuStatus
+    """See :data:`GpuStatus`; only ``ok`` GPUs carry health fields."""
+    uuid: str = ""
+    """``GPU-<uuid>``."""
+    pci_bus_id: str = ""
     """Normalised ``0000:91:00`` (NVML's own busId reads ``00000000:91:00.0``)."""
+    model: str = ""
+    """``nvmlDeviceGetName``, e.g. ``NVIDIA H100 80GB HBM3``."""
+    stuck_call: str = ""
+    """For ``timeout``/``stuck``: the NVML call that did not return."""
+    stuck_seconds: float | None = None
+    """For ``timeout``/``stuck``: seconds since that call started."""
+    ecc: EccErrors | None = None
+    """None when ECC is off or unsupported."""
+    remapped_rows: RemappedRows | None = None
+    """None before Ampere."""
+    retired_pages: RetiredPages | None = None
+    """None from Ampere on (row remapping replaced page retirement)."""
+    pcie: PcieStatus | None = None
+    """None when NVML tells nothing about the link."""
+    nvlinks: tuple[NvLink, ...] = ()
+    """Links the GPU has; empty without NVLink."""
+    clock_throttle: ClockThrottle | None = None
+    """None when the GPU reports no clock-event reasons."""
+    temperature_celsius: float | None = None
+    """GPU core temperature."""
+    power_watts: float | None = None
+    """Board power draw (NVML reports milliwatts)."""
 
 
 @dataclass(frozen=True)
-class NvmlReading:
+class NvmlSnapshot:
     """The outcome of one NVML read."""
 
     available: bool
+    """False when NVML cannot be used at all (no library, no driver, initialisation hangs)."""
     reason: str = ""
     """Why NVML is unavailable; empty when it is available."""
-    gpus: tuple[NvmlGpu, ...] = ()
+    gpu_count: int | None = None
+    """GPUs NVML enumerates (``nvmlDeviceGetCount``), lost ones included."""
+    gpus: tuple[NvmlGpuHealth, ...] = ()
+    call_timeouts: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
+    """NVML call name -> calls abandoned for exceeding the bound, since the reader was created."""
+    field_errors: Mapping[tuple[str, str], int] = field(default_factory=lambda: _EMPTY)
+    """(NVML call name, error) -> failed calls since the reader was created; ``error`` is the NVML
+    error in snake case (``unknown``, ``no_permission``, ``corrupted_inforom`` ...)."""
+
+
+@dataclass(frozen=True)
+class NvmlXidCounts:
+    """Xid events NVML delivered since the reader began watching."""
+
+    counts: Mapping[tuple[str, int], int] = field(default_factory=lambda: _EMPTY)
+    """(pci_bus_id, xid) -> events."""
+    gpu_indices: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
+    """pci_bus_id -> NVML index, for the GPUs being watched."""
+    error: str | None = None
+    """Why events are not (or not yet) being watched; None while they are."""
 
 
 class NvmlReader(Protocol):
-    """What the NVML collector needs; tests use a fake, production :class:`PynvmlReader`."""
+    """What the NVML source needs; production uses :class:`PynvmlReader`."""
 
-    def read(self) -> NvmlReading: ...
+    def read(self) -> NvmlSnapshot: ...
+
+    def xid_events(self) -> NvmlXidCounts: ...
 
     def close(self) -> None: ...
 
 
+# -- worker threads -----------------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+class _Job(Generic[T]):
+    """One unit of work for a lane; ``call`` names the NVML call in progress."""
+
+    def __init__(self, work: Callable[[_Job[T]], T]) -> None:
+        self.work = work
+        self.done = threading.Event()
+        self.call = ""
+        self.call_started = time.monotonic()
+        self.result: T | None = None
+        self.error: BaseException | None = None
+        self.learnt: Any = None
+        """What the job learnt before finishing (a GPU job: the GPU's identity), for a reader that
+        gives up waiting."""
+
+    def run(self) -> None:
+        try:
+            self.result = self.work(self)
+        except BaseException as exc:  # handed to the reader, which reports it
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+class _Lane:
+    """A daemon thread running one job at a time. A job stuck in NVML keeps its lane busy."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._jobs: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self.current: _Job[Any] | None = None
+
+    def busy(self) -> _Job[Any] | None:
+        """The job still running, if any."""
+        job = self.current
+        return job if job is not None and not job.done.is_set() else None
+
+    def submit(self, job: _Job[T]) -> _Job[T]:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread.start()
+        job.call_started = time.monotonic()
+        self.current = job
+        self._jobs.put(job)
+        return job
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._jobs.put(None)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            job.run()
+
+
+# -- NVML calls ---------------------------------------------------------------------------------------
+
+
+class _GpuLostError(Exception):
+    """NVML answered ``GPU_IS_LOST``."""
+
+
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def _error_name(exc: BaseException) -> str:
+    """``NVMLError_NoPermission`` -> ``no_permission``; other exceptions by their snake-cased type."""
+    name = type(exc).__name__
+    if name == "NVMLError":
+        return f"nvml_error_{getattr(exc, 'value', 'unknown')}"
+    return _CAMEL.sub("_", name.removeprefix("NVMLError_")).lower()
+
+
 def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class _Calls:
+    """Runs NVML calls for one job: names each call on the job, maps errors to values."""
+
+    def __init__(self, nvml: Any, job: _Job[Any]) -> None:
+        self._nvml = nvml
+        self._job = job
+        self._not_supported = nvml.NVML_ERROR_NOT_SUPPORTED
+        self._lost = nvml.NVML_ERROR_GPU_IS_LOST
+        self.errors: dict[tuple[str, str], int] = {}
+        self.last_failed = False
+        """Whether the last call failed (an error that was counted)."""
+
+    def get(self, call: str, *args: object, absent: tuple[int, ...] = ()) -> Any:
+        """The call's result; None when unsupported (or an ``absent`` error code) or failed (counted).
+
+        Raises :class:`_GpuLostError` when NVML says the GPU is lost.
+        """
+        self._job.call = call
+        self._job.call_started = time.monotonic()
+        self.last_failed = False
+        try:
+            return getattr(self._nvml, call)(*args)
+        except self._nvml.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            if code == self._lost:
+                raise _GpuLostError(call) from exc
+            if code != self._not_supported and code not in absent:
+                self.count(call, _error_name(exc))
+            return None
+        except (AttributeError, TypeError, ValueError, OSError) as exc:  # an old pynvml or libnvidia-ml
+            self.count(call, _error_name(exc))
+            return None
+
+    def count(self, call: str, error: str) -> None:
+        self.last_failed = True
+        self.errors[call, error] = self.errors.get((call, error), 0) + 1
+
+
+def _flag(value: Any) -> bool | None:
+    return None if value is None else bool(value)
+
+
+def _scaled(value: Any, factor: float) -> float | None:
+    return None if value is None else float(value) * factor
+
+
+@dataclass(frozen=True)
+class _Identity:
+    """What is known about a GPU that does not change while the driver stays loaded."""
+
+    handle: Any = None
+    """pynvml's device handle; valid until nvmlShutdown."""
+    uuid: str = ""
+    """Empty until NVML told it."""
+    pci_bus_id: str = ""
+    """Empty until NVML told it."""
+    model: str = ""
+    """Empty until NVML told it."""
+    links: tuple[int, ...] | None = None
+    """NVLink indices the GPU has, once a probe of every index succeeded."""
+
+
+@dataclass(frozen=True)
+class _GpuResult:
+    """What one GPU job hands back to the reader."""
+
+    health: NvmlGpuHealth
+    """The GPU's reading."""
+    identity: _Identity
+    """What to remember about the GPU for later reads."""
+    errors: Mapping[tuple[str, str], int]
+    """(call, error) -> failures in this job."""
+
+
+_THROTTLE_BITS = (
+    ("hw_slowdown", "HwSlowdown"),
+    ("hw_thermal_slowdown", "HwThermalSlowdown"),
+    ("hw_power_brake", "HwPowerBrakeSlowdown"),
+    ("sw_thermal_slowdown", "SwThermalSlowdown"),
+    ("sw_power_cap", "SwPowerCap"),
+)
+"""ClockThrottle field -> suffix of pynvml's ``nvmlClocksEventReason*`` bit (``...ThrottleReason*``
+in releases before the rename; the values are the same)."""
+
+
+def _reason_bit(nvml: Any, suffix: str) -> int:
+    for prefix in ("nvmlClocksEventReason", "nvmlClocksThrottleReason"):
+        if (value := getattr(nvml, prefix + suffix, None)) is not None:
+            return int(value)
+    raise AttributeError(f"pynvml has no clock-event reason {suffix}")
+
+
+class _GpuReader:
+    """Reads one GPU (on its lane): identity once, then every health field."""
+
+    def __init__(self, nvml: Any) -> None:
+        self.nvml = nvml
+        self.max_links = int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))
+        self.invalid_argument = int(nvml.NVML_ERROR_INVALID_ARGUMENT)
+        renamed = hasattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons")
+        kind = "ClocksEvent" if renamed else "ClocksThrottle"
+        self.throttle_call = f"nvmlDeviceGetCurrent{kind}Reasons"
+        self.supported_throttle_call = f"nvmlDeviceGetSupported{kind}Reasons"
+        self.throttle_bits = tuple((name, _reason_bit(nvml, suffix)) for name, suffix in _THROTTLE_BITS)
+        self.ecc_kinds = (
+            (nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, nvml.NVML_VOLATILE_ECC),
+            (nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC),
+            (nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, nvml.NVML_AGGREGATE_ECC),
+            (nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_AGGREGATE_ECC),
+        )
+        """In the order of :class:`EccErrors`' fields."""
+        self.nvlink_counters = (
+            ("crc_flit", nvml.NVML_NVLINK_ERROR_DL_CRC_FLIT),
+            ("crc_data", nvml.NVML_NVLINK_ERROR_DL_CRC_DATA),
+            ("replay", nvml.NVML_NVLINK_ERROR_DL_REPLAY),
+            ("recovery", nvml.NVML_NVLINK_ERROR_DL_RECOVERY),
+        )
+
+    def read(self, job: _Job[_GpuResult], index: int, known: _Identity) -> _GpuResult:
+        calls = _Calls(self.nvml, job)
+        handle, uuid, pci_bus_id, model, links = (
+            known.handle,
+            known.uuid,
+            known.pci_bus_id,
+            known.model,
+            known.links,
+        )
+        try:
+            if handle is None:
+                handle = calls.get("nvmlDeviceGetHandleByIndex", index)
+            if handle is None:
+                health = NvmlGpuHealth(index=index, status="error")
+            else:
+                uuid = uuid or _text(calls.get("nvmlDeviceGetUUID", handle) or "")
+                pci_bus_id = pci_bus_id or self._bus_id(calls, handle)
+                model = model or _text(calls.get("nvmlDeviceGetName", handle) or "")
+                job.learnt = _Identity(
+                    handle=handle, uuid=uuid, pci_bus_id=pci_bus_id, model=model, links=links
+                )
+                nvlinks, probed = self._nvlinks(calls, handle, links)
+                links = links if links is not None else probed
+                health = NvmlGpuHealth(
+                    index=index,
+                    status="ok",
+                    uuid=uuid,
+                    pci_bus_id=pci_bus_id,
+                    model=model,
+                    ecc=self._ecc(calls, handle),
+                    remapped_rows=self._remapped_rows(calls, handle),
+                    retired_pages=self._retired_pages(calls, handle),
+                    pcie=self._pcie(calls, handle),
+                    nvlinks=nvlinks,
+                    clock_throttle=self._throttle(calls, handle),
+                    temperature_celsius=_scaled(
+                        calls.get("nvmlDeviceGetTemperature", handle, self.nvml.NVML_TEMPERATURE_GPU), 1.0
+                    ),
+                    power_watts=_scaled(calls.get("nvmlDeviceGetPowerUsage", handle), 1e-3),
+                )
+        except _GpuLostError:
+            health = NvmlGpuHealth(index=index, status="lost", uuid=uuid, pci_bus_id=pci_bus_id, model=model)
+        identity = _Identity(handle=handle, uuid=uuid, pci_bus_id=pci_bus_id, model=model, links=links)
+        return _GpuResult(health=health, identity=identity, errors=calls.errors)
+
+    @staticmethod
+    def _bus_id(calls: _Calls, handle: Any) -> str:
+        info = calls.get("nvmlDeviceGetPciInfo", handle)
+        if info is None:
+            return ""
+        try:
+            return normalise_pci_bus_id(_text(info.busId))
+        except ValueError:
+            calls.count("nvmlDeviceGetPciInfo", "invalid_bus_id")
+            return ""
+
+    def _ecc(self, calls: _Calls, handle: Any) -> EccErrors | None:
+        values = [
+            calls.get("nvmlDeviceGetTotalEccErrors", handle, error_type, counter_type)
+            for error_type, counter_type in self.ecc_kinds
+        ]
+        if all(value is None for value in values):
+            return None
+        return EccErrors(*(None if value is None else int(value) for value in values))
+
+    @staticmethod
+    def _remapped_rows(calls: _Calls, handle: Any) -> RemappedRows | None:
+        rows = calls.get("nvmlDeviceGetRemappedRows", handle)
+        if rows is None:
+            return None
+        correctable, uncorrectable, pending, failure = rows
+        return RemappedRows(
+            correctable=int(correctable),
+            uncorrectable=int(uncorrectable),
+            pending=bool(pending),
+            failure=bool(failure),
+        )
+
+    def _retired_pages(self, calls: _Calls, handle: Any) -> RetiredPages | None:
+        nvml = self.nvml
+        single = calls.get(
+            "nvmlDeviceGetRetiredPages",
+            handle,
+            nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+        )
+        double = calls.get(
+            "nvmlDeviceGetRetiredPages", handle, nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+        )
+        pending = calls.get("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        if single is None and double is None and pending is None:
+            return None
+        return RetiredPages(
+            single_bit_ecc=None if single is None else len(single),
+            double_bit_ecc=None if double is None else len(double),
+            pending=_flag(pending),
+        )
+
+    def _pcie(self, calls: _Calls, handle: Any) -> PcieStatus | None:
+        nvml = self.nvml
+        status = PcieStatus(
+            current_generation=calls.get("nvmlDeviceGetCurrPcieLinkGeneration", handle),
+            max_generation=calls.get("nvmlDeviceGetMaxPcieLinkGeneration", handle),
+            current_width=calls.get("nvmlDeviceGetCurrPcieLinkWidth", handle),
+            max_width=calls.get("nvmlDeviceGetMaxPcieLinkWidth", handle),
+            replay_errors=calls.get("nvmlDeviceGetPcieReplayCounter", handle),
+            tx_bytes_per_second=_scaled(
+                calls.get("nvmlDeviceGetPcieThroughput", handle, nvml.NVML_PCIE_UTIL_TX_BYTES), 1024.0
+            ),
+            rx_bytes_per_second=_scaled(
+                calls.get("nvmlDeviceGetPcieThroughput", handle, nvml.NVML_PCIE_UTIL_RX_BYTES), 1024.0
+            ),
+        )
+        return None if status == PcieStatus() else status
+
+    def _nvlinks(
+        self, calls: _Calls, handle: Any, known: tuple[int, ...] | None
+    ) -> tuple[tuple[NvLink, ...], tuple[int, ...] | None]:
+        """The links read, and (on a first, complete probe) the link indices the GPU has.
+
+        Until the indices are known every index up to NVML's maximum is probed; an index the GPU does
+        not have answers NOT_SUPPORTED or INVALID_ARGUMENT.
+        """
+        links: list[NvLink] = []
+        probe_failed = False
+        for link in range(self.max_links) if known is None else known:
+            state = calls.get("nvmlDeviceGetNvLinkState", handle, link, absent=(self.invalid_argument,))
+            if state is None and known is None:
+                probe_failed = probe_failed or calls.last_failed
+                continue
+            counters = {
+                name: calls.get("nvmlDeviceGetNvLinkErrorCounter", handle, link, counter)
+                for name, counter in self.nvlink_counters
+            }
+            links.append(NvLink(link=link, up=_flag(state), **counters))
+        if known is not None or probe_failed:
+            return tuple(links), None
+        return tuple(links), tuple(link.link for link in links)
+
+    def _throttle(self, calls: _Calls, handle: Any) -> ClockThrottle | None:
+        active = calls.get(self.throttle_call, handle)
+        if active is None:
+            return None
+        supported = calls.get(self.supported_throttle_call, handle)
+        mask = -1 if supported is None else int(supported)
+        reasons = {name: bool(int(active) & bit) for name, bit in self.throttle_bits if mask & bit}
+        return ClockThrottle(**reasons)
+
+
+# -- Xid events ---------------------------------------------------------------------------------------
+
+
+def _handle_key(handle: Any) -> object:
+    """A hashable identity for a device handle: the pointer value of pynvml's ctypes handle."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (ctypes.ArgumentError, TypeError):
+        return handle  # a stand-in library's own (hashable) handle
+
+
+class _XidWatcher:
+    """Waits on NVML's event API in a daemon thread and counts Xid events per GPU and Xid."""
+
+    def __init__(self, nvml: Any, *, wait_ms: int) -> None:
+        self._nvml = nvml
+        self._wait_ms = wait_ms
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, int], int] = {}
+        self._indices: dict[str, int] = {}
+        self._error: str | None = "not watching yet"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="nvml-xid-events", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, *, timeout: float) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def counts(self) -> NvmlXidCounts:
+        with self._lock:
+            return NvmlXidCounts(
+                counts=MappingProxyType(dict(self._counts)),
+                gpu_indices=MappingProxyType(dict(self._indices)),
+                error=self._error,
+            )
+
+    def _set_error(self, error: str | None) -> None:
+        with self._lock:
+            changed, self._error = self._error != error, error
+        if changed and error is not None:
+            logger.warning("nvml: Xid events: %s", error)
+
+    def _run(self) -> None:
+        nvml = self._nvml
+        try:
+            event_set = nvml.nvmlEventSetCreate()
+        except nvml.NVMLError as exc:
+            self._set_error(f"nvmlEventSetCreate failed: {exc}")
+            return
+        try:
+            try:
+                handles = self._register(event_set)
+            except nvml.NVMLError as exc:
+                self._set_error(f"enumerating GPUs failed: {exc}")
+                return
+            if not handles:
+                self._set_error("no GPU accepts Xid event registration")
+                return
+            self._set_error(None)
+            logger.info("nvml: watching Xid events of %d GPUs", len(handles))
+            while not self._stop.is_set():
+                self._wait_once(event_set, handles)
+        finally:
+            try:
+                nvml.nvmlEventSetFree(event_set)
+            except nvml.NVMLError as exc:
+                logger.warning("nvml: nvmlEventSetFree failed: %s", exc)
+
+    def _register(self, event_set: Any) -> dict[object, tuple[str, int]]:
+        """Registers every GPU it can; handle key -> (pci_bus_id, index)."""
+        nvml = self._nvml
+        handles: dict[object, tuple[str, int]] = {}
+        for index in range(nvml.nvmlDeviceGetCount()):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                pci_bus_id = normalise_pci_bus_id(_text(nvml.nvmlDeviceGetPciInfo(handle).busId))
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, event_set)
+            except (nvml.NVMLError, ValueError) as exc:
+                logger.warning("nvml: GPU %d: no Xid events: %s", index, exc)
+                continue
+            handles[_handle_key(handle)] = (pci_bus_id, index)
+            with self._lock:
+                self._indices[pci_bus_id] = index
+        return handles
+
+    def _wait_once(self, event_set: Any, handles: Mapping[object, tuple[str, int]]) -> None:
+        nvml = self._nvml
+        try:
+            data = nvml.nvmlEventSetWait(event_set, self._wait_ms)
+        except nvml.NVMLError as exc:
+            if getattr(exc, "value", None) == nvml.NVML_ERROR_TIMEOUT:
+                self._set_error(None)
+                return
+            self._set_error(f"nvmlEventSetWait failed: {exc}")
+            self._stop.wait(self._wait_ms / 1000)
+            return
+        if not int(data.eventType) & nvml.nvmlEventTypeXidCriticalError:
+            return
+        pci_bus_id, _index = handles.get(_handle_key(data.device), ("", -1))
+        key = (pci_bus_id, int(data.eventData))
+        with self._lock:
+            self._counts[key] = self._counts.get(key, 0) + 1
+
+
+# -- the reader ---------------------------------------------------------------------------------------
 
 
 class PynvmlReader:
-    """NVML through ``pynvml`` (nvidia-ml-py). Initialises on first use; retries while unavailable."""
+    """NVML through pynvml (nvidia-ml-py), every call bounded. Initialises on first read; retries
+    initialisation on every read while NVML is unavailable.
 
-    def __init__(self) -> None:
+    Reads are serialised: a scrape arriving while another reads waits for it (at most ``timeout``).
+    """
+
+    def __init__(
+        self, *, timeout: float = DEFAULT_TIMEOUT, library: Any = None, event_wait_ms: int = 500
+    ) -> None:
+        self.timeout = timeout
+        """Seconds one read may take, all GPUs together."""
+        self.event_wait_ms = event_wait_ms
+        """How long the Xid watcher blocks in one ``nvmlEventSetWait`` (bounds how long stopping takes)."""
+        self._library = library
+        """The pynvml module or a stand-in with its functions and constants; None imports pynvml."""
         self._nvml: Any = None
+        self._gpu_reader: _GpuReader | None = None
+        self._read_lock = threading.Lock()
+        self._system = _Lane("nvml")
+        self._lanes: dict[int, _Lane] = {}
+        self._known: dict[int, _Identity] = {}
+        self._timeouts: dict[str, int] = {}
+        self._errors: dict[tuple[str, str], int] = {}
+        self._watch_lock = threading.Lock()
+        self._watcher: _XidWatcher | None = None
 
-    def _initialised(self) -> Any:
-        if self._nvml is None:
-            nvml = importlib.import_module("pynvml")
-            nvml.nvmlInit()
-            self._nvml = nvml
-        return self._nvml
+    def read(self) -> NvmlSnapshot:
+        with self._read_lock:
+            deadline = time.monotonic() + self.timeout
+            count = self._enumerate(deadline)
+            if isinstance(count, str):
+                return self._snapshot(available=False, reason=count)
+            return self._snapshot(available=True, count=count, gpus=self._read_gpus(count, deadline))
 
-    def read(self) -> NvmlReading:
-        try:
-            nvml = self._initialised()
-        except ImportError as exc:
-            return NvmlReading(available=False, reason=f"pynvml is not installed: {exc}")
-        except Exception as exc:  # any NVMLError (no library, no driver) means unavailable
-            return NvmlReading(available=False, reason=f"NVML init failed: {exc}")
-        gpus: list[NvmlGpu] = []
-        for index in range(nvml.nvmlDeviceGetCount()):
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-            bus_id = normalise_pci_bus_id(_text(nvml.nvmlDeviceGetPciInfo(handle).busId))
-            gpus.append(NvmlGpu(index=index, uuid=uuid, pci_bus_id=bus_id))
-        return NvmlReading(available=True, gpus=tuple(gpus))
+    def xid_events(self) -> NvmlXidCounts:
+        nvml = self._nvml
+        if nvml is None:
+            return NvmlXidCounts(error="NVML is not initialised")
+        with self._watch_lock:
+            if self._watcher is None:
+                self._watcher = _XidWatcher(nvml, wait_ms=self.event_wait_ms)
+                self._watcher.start()
+            return self._watcher.counts()
 
     def close(self) -> None:
-        if self._nvml is not None:
-            try:
-                self._nvml.nvmlShutdown()
-            except Exception as exc:  # shutting down; nothing left to do but say so
-                logger.warning("nvml: shutdown failed: %s", exc)
+        with self._watch_lock:
+            if self._watcher is not None:
+                self._watcher.stop(timeout=self.event_wait_ms / 1000 + 0.5)
+                self._watcher = None
+        with self._read_lock:
+            lanes = [self._system, *self._lanes.values()]
+            stuck = sum(1 for lane in lanes if lane.busy() is not None)
+            if self._nvml is not None and stuck:
+                logger.warning("nvml: %d NVML calls still stuck; not calling nvmlShutdown", stuck)
+            elif self._nvml is not None:
+                job = self._system.submit(_Job(self._shutdown))
+                if not job.done.wait(self.timeout):
+                    logger.warning("nvml: nvmlShutdown did not return within %g s", self.timeout)
+                elif job.error is not None:
+                    logger.warning("nvml: shutdown failed: %s", job.error)
+            for lane in lanes:
+                lane.stop()
+            self._system = _Lane("nvml")
+            self._lanes = {}
+            self._known = {}
             self._nvml = None
+
+    def _shutdown(self, job: _Job[None]) -> None:
+        job.call = "nvmlShutdown"
+        self._nvml.nvmlShutdown()
+
+    def _init_and_count(self, job: _Job[int]) -> int:
+        """Runs on the system lane: nvmlInit once (until it succeeds), then nvmlDeviceGetCount."""
+        if self._nvml is None:
+            job.call = "import pynvml"
+            nvml = self._library if self._library is not None else importlib.import_module("pynvml")
+            gpu_reader = _GpuReader(nvml)
+            job.call = "nvmlInit"
+            nvml.nvmlInit()
+            self._gpu_reader, self._nvml = gpu_reader, nvml
+        job.call = "nvmlDeviceGetCount"
+        return int(self._nvml.nvmlDeviceGetCount())
+
+    def _enumerate(self, deadline: float) -> int | str:
+        """GPU count, or why NVML is unavailable."""
+        if (busy := self._system.busy()) is not None:
+            return f"{busy.call} has not returned for {time.monotonic() - busy.call_started:.0f} s"
+        job = self._system.submit(_Job(self._init_and_count))
+        if not job.done.wait(max(0.0, deadline - time.monotonic())):
+            self._timed_out(job.call, "")
+            return f"{job.call} did not return within {self.timeout:g} s"
+        if job.error is not None:
+            if isinstance(job.error, ImportError):
+                return f"pynvml is not installed: {job.error}"
+            return f"{job.call} failed: {job.error}"
+        assert job.result is not None  # a job without an error has its result
+        return job.result
+
+    def _read_gpus(self, count: int, deadline: float) -> tuple[NvmlGpuHealth, ...]:
+        gpu_reader = self._gpu_reader
+        assert gpu_reader is not None  # set with self._nvml
+        jobs: dict[int, _Job[_GpuResult]] = {}
+        gpus: dict[int, NvmlGpuHealth] = {}
+        for index in range(count):
+            lane = self._lanes.get(index)
+            if lane is None:
+                lane = self._lanes[index] = _Lane(f"nvml-gpu{index}")
+            if (busy := lane.busy()) is not None:
+                gpus[index] = self._stalled(index, busy, "stuck")
+                continue
+            known = self._known.get(index, _Identity())
+            jobs[index] = lane.submit(_Job(functools.partial(gpu_reader.read, index=index, known=known)))
+        for index, job in jobs.items():
+            if not job.done.wait(max(0.0, deadline - time.monotonic())):
+                self._timed_out(job.call, f"GPU {index}")
+                gpus[index] = self._stalled(index, job, "timeout")
+            elif job.error is not None or job.result is None:
+                # Not an NVML error (those are values): a fault in this module or the library.
+                logger.error("nvml: reading GPU %d failed", index, exc_info=job.error)
+                self._count_errors({(job.call, _error_name(job.error or RuntimeError())): 1})
+                gpus[index] = NvmlGpuHealth(index=index, status="error")
+            else:
+                self._known[index] = job.result.identity
+                self._count_errors(job.result.errors)
+                gpus[index] = job.result.health
+        return tuple(gpus[index] for index in range(count))
+
+    def _stalled(self, index: int, job: _Job[Any], status: GpuStatus) -> NvmlGpuHealth:
+        if isinstance(job.learnt, _Identity):
+            self._known[index] = job.learnt
+        known = self._known.get(index, _Identity())
+        return NvmlGpuHealth(
+            index=index,
+            status=status,
+            uuid=known.uuid,
+            pci_bus_id=known.pci_bus_id,
+            model=known.model,
+            stuck_call=job.call,
+            stuck_seconds=time.monotonic() - job.call_started,
+        )
+
+    def _timed_out(self, call: str, what: str) -> None:
+        self._timeouts[call] = self._timeouts.get(call, 0) + 1
+        logger.warning(
+            "nvml: %s%s did not return within %g s; abandoned",
+            f"{what}: " if what else "",
+            call,
+            self.timeout,
+        )
+
+    def _count_errors(self, errors: Mapping[tuple[str, str], int]) -> None:
+        for key, count in errors.items():
+            if key not in self._errors:
+                logger.warning("nvml: %s failed: %s (counted from now on, logged once)", *key)
+            self._errors[key] = self._errors.get(key, 0) + count
+
+    def _snapshot(
+        self,
+        *,
+        available: bool,
+        reason: str = "",
+        count: int | None = None,
+        gpus: tuple[NvmlGpuHealth, ...] = (),
+    ) -> NvmlSnapshot:
+        return NvmlSnapshot(
+            available=available,
+            reason=reason,
+            gpu_count=count,
+            gpus=gpus,
+            call_timeouts=MappingProxyType(dict(self._timeouts)),
+            field_errors=MappingProxyType(dict(self._errors)),
+        )

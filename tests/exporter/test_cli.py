@@ -35,7 +35,7 @@ class Running:
             return body.decode()
 
 
-def start_exporter(node: Path, tmp_path: Path) -> Running:
+def start_exporter(node: Path, tmp_path: Path, *flags: str) -> Running:
     kmsg = tmp_path / "kmsg"
     shutil.copyfile(node / "kmsg", kmsg)
     log = tmp_path / "exporter.log"
@@ -46,7 +46,7 @@ def start_exporter(node: Path, tmp_path: Path) -> Running:
                 "--listen=127.0.0.1:0",
                 f"--kmsg={kmsg}",
                 f"--sysfs-root={node / 'sys'}",
-                "--nvml=auto",
+                *(flags or ("--nvml=auto",)),
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -130,6 +130,34 @@ def test_a_port_already_in_use_is_an_exit_code_not_a_traceback(tmp_path: Path) -
 
 def test_a_malformed_listen_address_is_a_usage_error() -> None:
     assert main(["--listen=nonsense"]) == 2
+
+
+@pytest.mark.parametrize("seconds", ["0", "-1", "soon", "inf"])
+def test_an_nvml_timeout_that_is_not_a_positive_number_is_a_usage_error(seconds: str) -> None:
+    assert main([f"--nvml-timeout={seconds}"]) == 2
+
+
+def test_without_a_driver_nvml_auto_starts_and_reports_nvml_down(tmp_path: Path) -> None:
+    running = start_exporter(GPU_NODE, tmp_path, "--nvml=auto", "--nvml-timeout=0.5")
+    try:
+        scrape = running.scrape()
+        if sample_value(scrape, "accel_nvml_gpus") is not None:
+            pytest.skip("an NVIDIA driver is present here")
+        assert sample_value(scrape, "accel_exporter_collector_up", {"collector": "nvml"}) == 0
+        nvml = {"collector": "nvml"}
+        assert sample_value(scrape, "accel_exporter_collector_hardware_present", nvml) == 0
+        assert sample_value(scrape, "accel_exporter_collector_errors", nvml) == 0
+        for collector in ("kmsg", "pci", "infiniband"):
+            assert sample_value(scrape, "accel_exporter_collector_up", {"collector": collector}) == 1
+        labels = {"pci_bus_id": "0000:52:00", "gpu": "2", "vendor": "nvidia"}
+        assert sample_value(scrape, "accel_pcie_max_link_width", labels) == 16
+        running.process.send_signal(signal.SIGTERM)
+        assert running.process.wait(timeout=2.0) == 0
+        assert "collector nvml is down: absent: NVML unavailable: nvmlInit failed" in running.log.read_text()
+    finally:
+        if running.process.poll() is None:
+            running.process.kill()
+            running.process.wait()
 
 
 @pytest.mark.parametrize(

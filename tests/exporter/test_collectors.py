@@ -13,25 +13,13 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from exporter.collectors.framework import Source, SourcesCollector, SourceUnavailableError
 from exporter.collectors.infiniband import counter_metric_name
 from exporter.readers.kmsg import KmsgFollower, KmsgTally
-from exporter.readers.nvml import NvmlReading, PynvmlReader
+from exporter.readers.nvml import PynvmlReader
 from exporter.sources import ExporterSettings, build_registry, build_sources
+from tests.exporter.fake_nvml import FakeNvml
 from tests.exporter.helpers import GPU_NODE, TRN_NODE, wait_until
 
 
-class FakeNvml:
-    """Stands in for NVML, which no machine here has."""
-
-    def __init__(self, reading: NvmlReading) -> None:
-        self.reading = reading
-
-    def read(self) -> NvmlReading:
-        return self.reading
-
-    def close(self) -> None:
-        pass
-
-
-def registry_for(root: Path, *, kmsg: KmsgFollower | None, nvml: FakeNvml | None) -> CollectorRegistry:
+def registry_for(root: Path, *, kmsg: KmsgFollower | None, nvml: PynvmlReader | None) -> CollectorRegistry:
     settings = ExporterSettings(kmsg_path=kmsg.path if kmsg else Path("/nonexistent"), sysfs_root=root)
     return build_registry(build_sources(settings, kmsg=kmsg, nvml=nvml))
 
@@ -196,31 +184,14 @@ def test_an_unreadable_kmsg_path_reports_kmsg_down_and_everything_else_up(tmp_pa
 
 
 def test_nvml_is_down_while_unavailable_and_up_when_available() -> None:
-    missing = FakeNvml(NvmlReading(available=False, reason="NVML Shared Library Not Found"))
-    registry = registry_for(GPU_NODE / "sys", kmsg=None, nvml=missing)
-    assert registry.get_sample_value("accel_exporter_collector_up", {"collector": "nvml"}) == 0
-    missing.reading = NvmlReading(available=True)
-    assert registry.get_sample_value("accel_exporter_collector_up", {"collector": "nvml"}) == 1
-
-
-def test_the_real_nvml_reader_says_unavailable_instead_of_raising_without_a_driver() -> None:
-    reader = PynvmlReader()
-    reading = reader.read()
-    reader.close()
-    if reading.available:
-        pytest.skip("an NVIDIA driver is present here")
-    assert reading.reason
-
-
-@pytest.mark.gpu
-def test_the_real_nvml_reader_lists_the_gpus_of_a_gpu_machine() -> None:
-    reader = PynvmlReader()
+    fake = FakeNvml.from_fixture("h100x8")
+    fake.init_error = "LIBRARY_NOT_FOUND"
+    reader = PynvmlReader(library=fake)
     try:
-        reading = reader.read()
-        if not reading.available:
-            pytest.skip(f"no NVML here: {reading.reason}")
-        assert reading.gpus
-        assert all(gpu.uuid.startswith("GPU-") for gpu in reading.gpus)
+        registry = registry_for(GPU_NODE / "sys", kmsg=None, nvml=reader)
+        assert registry.get_sample_value("accel_exporter_collector_up", {"collector": "nvml"}) == 0
+        fake.init_error = None
+        assert registry.get_sample_value("accel_exporter_collector_up", {"collector": "nvml"}) == 1
     finally:
         reader.close()
 

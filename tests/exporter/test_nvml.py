@@ -1,0 +1,552 @@
+"""NVML: the real reader's mapping, bounding and caching over a fake pynvml; the collector and its golden
+exposition; Xid events from NVML only where the kernel log cannot be read; the real library where a
+GPU exists (marked ``gpu``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from exporter.collectors.framework import SourceUnavailableError
+from exporter.collectors.nvml import GPU_LABELS, nvml_metrics
+from exporter.readers.kmsg import KmsgFollower
+from exporter.readers.nvml import NvmlSnapshot, PynvmlReader
+from exporter.sources import ExporterSettings, XidOwnership, build_registry, build_sources
+from tests.exporter.fake_nvml import FIXTURES, FakeNvml
+from tests.exporter.helpers import GPU_NODE, GPU_NODE_BUS_IDS, wait_until
+
+GOLDEN = FIXTURES / "h100x8.prom"
+XID_79 = "NVRM: Xid (PCI:0000:9d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+H100_GPU3 = {
+    "gpu": "3",
+    "uuid": "GPU-35be2791-0f30-550d-89c1-c29455a5ca63",
+    "pci_bus_id": "0000:61:00",
+    "model": "NVIDIA H100 80GB HBM3",
+}
+
+Open = Callable[..., tuple[FakeNvml, PynvmlReader]]
+
+
+@pytest.fixture
+def open_nvml() -> Iterator[Open]:
+    """Makes (fake, reader) pairs from fixture names; releases hung calls and closes the readers after."""
+    made: list[tuple[FakeNvml, PynvmlReader]] = []
+
+    def make(fixture: str, *, timeout: float = 5.0) -> tuple[FakeNvml, PynvmlReader]:
+        fake = FakeNvml.from_fixture(fixture)
+        reader = PynvmlReader(timeout=timeout, library=fake, event_wait_ms=20)
+        made.append((fake, reader))
+        return fake, reader
+
+    yield make
+    for fake, reader in made:
+        fake.release.set()
+        reader.close()
+
+
+class _Fixed(Collector):
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self.families = list(families)
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families
+
+
+def nvml_registry(snapshot: NvmlSnapshot) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(_Fixed(nvml_metrics(snapshot)))
+    return registry
+
+
+def node_registry(reader: PynvmlReader, *, kmsg: KmsgFollower | None = None) -> CollectorRegistry:
+    settings = ExporterSettings(
+        kmsg_path=kmsg.path if kmsg else Path("/nonexistent"), sysfs_root=GPU_NODE / "sys"
+    )
+    return build_registry(build_sources(settings, kmsg=kmsg, nvml=reader))
+
+
+# -- the reader over the fake ---------------------------------------------------------------------------
+
+
+def test_an_h100_node_reads_eight_gpus_with_their_identity_and_health(open_nvml: Open) -> None:
+    _fake, reader = open_nvml("h100x8")
+    snapshot = reader.read()
+    assert snapshot.available
+    assert snapshot.gpu_count == 8
+    assert [gpu.status for gpu in snapshot.gpus] == ["ok"] * 8
+    assert tuple(gpu.pci_bus_id for gpu in snapshot.gpus) == GPU_NODE_BUS_IDS
+    gpu = snapshot.gpus[3]
+    assert (gpu.uuid, gpu.model) == (H100_GPU3["uuid"], H100_GPU3["model"])
+    assert len(gpu.nvlinks) == 18
+    assert gpu.nvlinks[7].crc_flit == 12
+    assert gpu.nvlinks[7].recovery == 1
+    assert gpu.retired_pages is None
+    assert gpu.pcie is not None
+    assert gpu.pcie.rx_bytes_per_second == 24576 * 1024
+    assert gpu.power_watts == pytest.approx(641.95)
+    assert snapshot.gpus[0].clock_throttle is not None
+    assert snapshot.gpus[0].clock_throttle.sw_power_cap is True
+    assert snapshot.gpus[0].clock_throttle.hw_slowdown is False
+    assert dict(snapshot.field_errors) == {}
+
+
+def test_identity_and_nvlink_indices_are_asked_once_not_on_every_read(open_nvml: Open) -> None:
+    fake, reader = open_nvml("a100x8")
+    reader.read()
+    first = dict(fake.calls)
+    reader.read()
+    assert fake.calls["nvmlDeviceGetUUID"] == first["nvmlDeviceGetUUID"] == 8
+    assert fake.calls["nvmlDeviceGetHandleByIndex"] == 8
+    # First read probes every index pynvml knows; later reads only the A100's 12 links.
+    probed = first["nvmlDeviceGetNvLinkState"]
+    assert fake.calls["nvmlDeviceGetNvLinkState"] - probed == 8 * 12
+
+
+def test_older_gpus_report_retired_pages_and_no_remapped_rows(open_nvml: Open) -> None:
+    _fake, reader = open_nvml("v100x2")
+    gpu = reader.read().gpus[1]
+    assert gpu.remapped_rows is None
+    assert gpu.retired_pages is not None
+    assert (gpu.retired_pages.single_bit_ecc, gpu.retired_pages.double_bit_ecc) == (2, 1)
+    assert gpu.retired_pages.pending is True
+    assert [link.up for link in gpu.nvlinks] == [True, True, False, True, True, True]
+    assert gpu.clock_throttle is not None
+    assert gpu.clock_throttle.hw_power_brake is None  # Volta has no power-brake reason
+    assert gpu.clock_throttle.hw_thermal_slowdown is True
+
+
+def test_a_failing_call_drops_that_field_counts_the_error_and_keeps_the_gpu_up(open_nvml: Open) -> None:
+    fake, reader = open_nvml("h100x8")
+    fake.gpus[2]["errors"] = {
+        "nvmlDeviceGetPowerUsage": "UNKNOWN",
+        "nvmlDeviceGetPcieReplayCounter": "NO_PERMISSION",
+    }
+    reader.read()
+    snapshot = reader.read()
+    gpu = snapshot.gpus[2]
+    assert gpu.status == "ok"
+    assert gpu.power_watts is None
+    assert gpu.temperature_celsius == 55
+    assert dict(snapshot.field_errors) == {
+        ("nvmlDeviceGetPowerUsage", "unknown"): 2,
+        ("nvmlDeviceGetPcieReplayCounter", "no_permission"): 2,
+    }
+    registry = nvml_registry(snapshot)
+    labels = {"call": "nvmlDeviceGetPowerUsage", "error": "unknown"}
+    assert registry.get_sample_value("accel_nvml_field_errors_total", labels) == 2
+    gpu2 = {
+        "gpu": "2",
+        "uuid": "GPU-8b28e6ef-9616-56e8-878d-9283ebc9372f",
+        "pci_bus_id": "0000:52:00",
+        "model": "NVIDIA H100 80GB HBM3",
+    }
+    assert registry.get_sample_value("accel_gpu_power_watts", gpu2) is None
+    assert registry.get_sample_value("accel_gpu_nvml_up", gpu2) == 1
+
+
+def test_a_wedged_gpu_times_out_is_skipped_while_stuck_and_returns_when_freed(open_nvml: Open) -> None:
+    fake, reader = open_nvml("hang", timeout=0.2)
+    started = time.monotonic()
+    first = reader.read()
+    assert time.monotonic() - started < 1.0
+    assert [gpu.status for gpu in first.gpus] == ["ok", "timeout"]
+    assert first.gpus[1].stuck_call == "nvmlDeviceGetRemappedRows"
+    assert dict(first.call_timeouts) == {"nvmlDeviceGetRemappedRows": 1}
+
+    threads = threading.active_count()
+    for _ in range(3):
+        again = reader.read()
+        assert [gpu.status for gpu in again.gpus] == ["ok", "stuck"]
+    assert threading.active_count() <= threads  # no thread per scrape (earlier tests' may still exit)
+    assert fake.calls["nvmlDeviceGetRemappedRows"] == 1 + 4  # GPU 0 on each read, GPU 1 once
+    assert dict(again.call_timeouts) == {"nvmlDeviceGetRemappedRows": 1}
+    stuck = again.gpus[1]
+    assert stuck.uuid == "GPU-857e7def-2864-5269-a831-5d7fae136652"  # learnt before the hang
+    assert stuck.stuck_seconds is not None
+    assert first.gpus[1].stuck_seconds is not None
+    assert 0.1 < first.gpus[1].stuck_seconds < stuck.stuck_seconds
+
+    registry = nvml_registry(again)
+    labels = {"gpu": "1", "uuid": stuck.uuid, "pci_bus_id": "0000:43:00", "model": "NVIDIA H100 80GB HBM3"}
+    assert registry.get_sample_value("accel_gpu_nvml_up", labels) == 0
+    assert registry.get_sample_value("accel_gpu_temperature_celsius", labels) is None
+    stuck_labels = {**labels, "call": "nvmlDeviceGetRemappedRows"}
+    assert registry.get_sample_value("accel_gpu_nvml_call_stuck_seconds", stuck_labels) == stuck.stuck_seconds
+    assert (
+        registry.get_sample_value("accel_nvml_call_timeouts_total", {"call": "nvmlDeviceGetRemappedRows"})
+        == 1
+    )
+
+    fake.release.set()
+    assert wait_until(lambda: reader.read().gpus[1].status == "ok")
+
+
+def test_a_hanging_nvml_init_is_unavailable_within_the_bound(open_nvml: Open) -> None:
+    fake, reader = open_nvml("h100x8", timeout=0.1)
+    fake.init_hangs = True
+    first = reader.read()
+    assert not first.available
+    assert first.reason == "nvmlInit did not return within 0.1 s"
+    assert not reader.read().available
+    assert fake.calls["nvmlInit"] == 1  # the stuck call is not started again
+    registry = node_registry(reader)
+    assert registry.get_sample_value("accel_exporter_collector_up", {"collector": "nvml"}) == 0
+    assert registry.get_sample_value("accel_exporter_collector_up", {"collector": "pci"}) == 1
+    fake.release.set()
+    assert wait_until(lambda: reader.read().available)
+
+
+def test_a_gpu_lost_since_boot_is_its_own_series_labelled_from_sysfs_and_the_kernel_log(
+    open_nvml: Open, tmp_path: Path
+) -> None:
+    _fake, reader = open_nvml("lost_gpu")
+    snapshot = reader.read()
+    assert [gpu.status for gpu in snapshot.gpus] == ["ok", "lost"]
+    assert (snapshot.gpus[1].uuid, snapshot.gpus[1].pci_bus_id) == ("", "")
+    assert dict(snapshot.field_errors) == {}  # GPU_IS_LOST is a status, not a field error
+
+    kmsg = tmp_path / "kmsg"
+    shutil.copyfile(GPU_NODE / "kmsg", kmsg)
+    follower = KmsgFollower(kmsg, poll_interval=0.01)
+    follower.start()
+    try:
+        assert wait_until(lambda: bool(follower.snapshot().gpu_uuids))
+        registry = node_registry(reader, kmsg=follower)
+    finally:
+        follower.stop()
+    lost = {
+        "gpu": "1",
+        "uuid": "GPU-857e7def-2864-5269-a831-5d7fae136652",
+        "pci_bus_id": "0000:43:00",
+        "model": "",
+    }
+    assert registry.get_sample_value("accel_gpu_lost", lost) == 1
+    assert registry.get_sample_value("accel_gpu_nvml_up", lost) == 0
+    assert registry.get_sample_value("accel_gpu_temperature_celsius", lost) is None
+    assert registry.get_sample_value("accel_nvml_gpus") == 2
+    healthy = {
+        "gpu": "0",
+        "uuid": "GPU-8e8df7ef-d2bf-5947-87d0-59eb0c597a9e",
+        "pci_bus_id": "0000:1b:00",
+        "model": "NVIDIA H100 80GB HBM3",
+    }
+    assert registry.get_sample_value("accel_gpu_lost", healthy) is None
+    assert registry.get_sample_value("accel_gpu_nvml_up", healthy) == 1
+
+
+def test_a_gpu_lost_after_a_good_read_keeps_the_identity_nvml_told_before(open_nvml: Open) -> None:
+    fake, reader = open_nvml("h100x8")
+    reader.read()
+    fake.gpus[4]["lost"] = True
+    registry = nvml_registry(reader.read())
+    labels = {
+        "gpu": "4",
+        "uuid": "GPU-575a9c5f-780e-558f-99bc-3b0f90f7dbd5",
+        "pci_bus_id": "0000:9d:00",
+        "model": "NVIDIA H100 80GB HBM3",
+    }
+    assert registry.get_sample_value("accel_gpu_lost", labels) == 1
+    assert registry.get_sample_value("accel_gpu_nvml_up", labels) == 0
+    assert (
+        registry.get_sample_value(
+            "accel_gpu_ecc_errors", {**labels, "error_type": "corrected", "counter_type": "volatile"}
+        )
+        is None
+    )
+
+
+def test_without_a_driver_nvml_is_down_and_every_other_collector_up(open_nvml: Open) -> None:
+    fake, reader = open_nvml("h100x8")
+    fake.init_error = "LIBRARY_NOT_FOUND"
+    snapshot = reader.read()
+    assert not snapshot.available
+    assert snapshot.reason == "nvmlInit failed: NVML Shared Library Not Found"
+    registry = node_registry(reader)
+    assert registry.get_sample_value("accel_exporter_collector_up", {"collector": "nvml"}) == 0
+    assert registry.get_sample_value("accel_exporter_collector_hardware_present", {"collector": "nvml"}) == 0
+    for collector in ("pci", "infiniband"):
+        assert registry.get_sample_value("accel_exporter_collector_up", {"collector": collector}) == 1
+    assert registry.get_sample_value("accel_nvml_gpus") is None
+    fake.init_error = None  # the driver came up: the next read initialises
+    assert registry.get_sample_value("accel_exporter_collector_up", {"collector": "nvml"}) == 1
+    assert registry.get_sample_value("accel_nvml_gpus") == 8
+
+
+def test_the_real_reader_without_a_driver_says_unavailable() -> None:
+    reader = PynvmlReader(timeout=5.0)
+    try:
+        snapshot = reader.read()
+        if snapshot.available:
+            pytest.skip("an NVIDIA driver is present here")
+        assert "failed" in snapshot.reason or "not installed" in snapshot.reason
+        assert reader.xid_events().error is not None
+    finally:
+        reader.close()
+
+
+def test_close_shuts_nvml_down_once_and_skips_it_while_a_call_is_stuck(open_nvml: Open) -> None:
+    fake, reader = open_nvml("h100x8")
+    reader.read()
+    assert fake.initialised == 1
+    reader.close()
+    assert fake.initialised == 0
+
+    hung, stuck_reader = open_nvml("hang", timeout=0.1)
+    stuck_reader.read()
+    stuck_reader.close()
+    assert hung.calls["nvmlShutdown"] == 0
+
+
+# -- the collector --------------------------------------------------------------------------------------
+
+
+def test_unsupported_fields_have_no_series_rather_than_zero(open_nvml: Open) -> None:
+    _fake, reader = open_nvml("v100x2")
+    registry = nvml_registry(reader.read())
+    gpu1 = {
+        "gpu": "1",
+        "uuid": "GPU-c9e2b7d4-0a5f-6183-e4b2-7f9c3d1a8e05",
+        "pci_bus_id": "0000:3b:00",
+        "model": "Tesla V100-SXM2-32GB",
+    }
+    assert registry.get_sample_value("accel_gpu_remapped_rows", {**gpu1, "cause": "correctable"}) is None
+    assert registry.get_sample_value("accel_gpu_remapped_rows_pending", gpu1) is None
+    assert registry.get_sample_value("accel_gpu_retired_pages", {**gpu1, "cause": "double_bit_ecc"}) == 1
+    assert registry.get_sample_value("accel_gpu_retired_pages_pending", gpu1) == 1
+    assert (
+        registry.get_sample_value("accel_gpu_clock_throttle_active", {**gpu1, "reason": "hw_power_brake"})
+        is None
+    )
+    assert (
+        registry.get_sample_value("accel_gpu_clock_throttle_active", {**gpu1, "reason": "hw_slowdown"}) == 1
+    )
+    assert registry.get_sample_value("accel_gpu_nvlink_up", {**gpu1, "link": "2"}) == 0
+    assert (
+        registry.get_sample_value("accel_gpu_nvlink_errors_total", {**gpu1, "link": "2", "error": "replay"})
+        == 160
+    )
+    assert registry.get_sample_value("accel_gpu_nvlink_up", {**gpu1, "link": "6"}) is None
+
+
+def test_a_pending_remap_and_a_remap_failure_are_flags(open_nvml: Open) -> None:
+    _fake, reader = open_nvml("remap_pending")
+    registry = nvml_registry(reader.read())
+    model = "NVIDIA A100-SXM4-80GB"
+    pending = {
+        "gpu": "1",
+        "uuid": "GPU-5f0a9e32-1c8d-4b7f-a6e2-93d1c0b84e57",
+        "pci_bus_id": "0000:0f:00",
+        "model": model,
+    }
+    failed = {
+        "gpu": "2",
+        "uuid": "GPU-9c41e7b0-3d25-48fa-b1e9-6a7f2d05c813",
+        "pci_bus_id": "0000:47:00",
+        "model": model,
+    }
+    assert registry.get_sample_value("accel_gpu_remapped_rows_pending", pending) == 1
+    assert registry.get_sample_value("accel_gpu_remapped_rows_failure", pending) == 0
+    assert registry.get_sample_value("accel_gpu_remapped_rows", {**pending, "cause": "uncorrectable"}) == 1
+    ecc = {**pending, "error_type": "uncorrected", "counter_type": "volatile"}
+    assert registry.get_sample_value("accel_gpu_ecc_errors", ecc) == 1
+    assert registry.get_sample_value("accel_gpu_remapped_rows_failure", failed) == 1
+    assert registry.get_sample_value("accel_gpu_remapped_rows_pending", failed) == 0
+    assert registry.get_sample_value("accel_gpu_retired_pages", {**failed, "cause": "single_bit_ecc"}) is None
+
+
+def test_an_a100_with_a_link_trained_down_shows_current_below_max(open_nvml: Open) -> None:
+    _fake, reader = open_nvml("a100x8")
+    registry = nvml_registry(reader.read())
+    gpu4 = {
+        "gpu": "4",
+        "uuid": "GPU-71e8c3a9-5b04-4d2e-8f6a-c1b9d7e30a52",
+        "pci_bus_id": "0000:87:00",
+        "model": "NVIDIA A100-SXM4-80GB",
+    }
+    assert registry.get_sample_value("accel_gpu_pcie_link_width", {**gpu4, "link": "current"}) == 8
+    assert registry.get_sample_value("accel_gpu_pcie_link_width", {**gpu4, "link": "max"}) == 16
+    assert registry.get_sample_value("accel_gpu_pcie_link_generation", {**gpu4, "link": "max"}) == 4
+    assert registry.get_sample_value("accel_gpu_pcie_replay_errors_total", gpu4) == 3
+    assert (
+        registry.get_sample_value("accel_gpu_pcie_throughput_bytes_per_second", {**gpu4, "direction": "tx"})
+        == 948 * 1024
+    )
+
+
+def test_an_unavailable_snapshot_raises_for_the_framework() -> None:
+    with pytest.raises(SourceUnavailableError, match="no driver"):
+        nvml_metrics(NvmlSnapshot(available=False, reason="no driver"))
+
+
+def test_every_per_gpu_series_carries_the_four_gpu_labels(open_nvml: Open) -> None:
+    _fake, reader = open_nvml("h100x8")
+    for family in nvml_metrics(reader.read()):
+        for sample in family.samples:
+            if family.name.startswith("accel_gpu_"):
+                assert set(GPU_LABELS) <= set(sample.labels), sample
+            else:
+                assert not set(GPU_LABELS) & set(sample.labels), sample
+
+
+def test_the_h100_exposition_matches_the_golden_file(open_nvml: Open) -> None:
+    """Regenerate on purpose with ACCEL_UPDATE_GOLDEN=1, then review the diff."""
+    _fake, reader = open_nvml("h100x8")
+    exposition = generate_latest(nvml_registry(reader.read())).decode()
+    if os.environ.get("ACCEL_UPDATE_GOLDEN") == "1":
+        GOLDEN.write_text(exposition)
+    assert exposition == GOLDEN.read_text()
+    registry = nvml_registry(reader.read())
+    assert (
+        registry.get_sample_value(
+            "accel_gpu_nvlink_errors_total", {**H100_GPU3, "link": "7", "error": "crc_flit"}
+        )
+        == 12
+    )
+
+
+def test_the_golden_exposition_passes_promtool_check_metrics() -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not on PATH")
+    checked = subprocess.run(
+        [promtool, "check", "metrics"], input=GOLDEN.read_bytes(), capture_output=True, check=False
+    )
+    assert checked.returncode == 0, checked.stdout.decode() + checked.stderr.decode()
+
+
+# -- Xid events -------------------------------------------------------------------------------------------
+
+
+def _xid_families(registry: CollectorRegistry) -> int:
+    return generate_latest(registry).decode().count("# TYPE accel_gpu_xid_errors_total counter")
+
+
+def test_nvml_xid_events_fill_in_while_the_kernel_log_cannot_be_read(open_nvml: Open, tmp_path: Path) -> None:
+    fake, reader = open_nvml("h100x8")
+    follower = KmsgFollower(tmp_path / "missing", retry_interval=10)
+    follower.start()
+    try:
+        assert wait_until(lambda: follower.snapshot().error is not None)
+        registry = node_registry(reader, kmsg=follower)
+        assert registry.get_sample_value("accel_exporter_collector_up", {"collector": "kmsg"}) == 0
+        assert wait_until(lambda: fake.registered == set(range(8)))
+        fake.emit_xid(4, 79)
+        fake.emit_xid(4, 79)
+        labels = {"pci_bus_id": "0000:9d:00", "gpu": "4", "xid": "79"}
+        assert wait_until(lambda: registry.get_sample_value("accel_gpu_xid_errors_total", labels) == 2)
+        assert _xid_families(registry) == 1
+    finally:
+        follower.stop()
+
+
+def test_nvml_xid_events_are_not_watched_while_the_kernel_log_is_read(
+    open_nvml: Open, tmp_path: Path
+) -> None:
+    fake, reader = open_nvml("h100x8")
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(f"3,0,1000,-;{XID_79}\n")
+    follower = KmsgFollower(kmsg, poll_interval=0.01)
+    follower.start()
+    try:
+        assert wait_until(lambda: follower.snapshot().records == 1)
+        registry = node_registry(reader, kmsg=follower)
+        labels = {"pci_bus_id": "0000:9d:00", "gpu": "4", "xid": "79"}
+        assert registry.get_sample_value("accel_gpu_xid_errors_total", labels) == 1
+        assert _xid_families(registry) == 1
+        assert fake.calls["nvmlEventSetCreate"] == 0
+    finally:
+        follower.stop()
+
+
+def test_without_a_kernel_log_source_nvml_publishes_the_xid_family(open_nvml: Open) -> None:
+    fake, reader = open_nvml("a100x8")
+    registry = node_registry(reader, kmsg=None)
+    assert _xid_families(registry) == 1
+    assert wait_until(lambda: len(fake.registered) == 8)
+    fake.emit_xid(0, 48)
+    labels = {"pci_bus_id": "0000:07:00", "gpu": "0", "xid": "48"}
+    assert wait_until(lambda: registry.get_sample_value("accel_gpu_xid_errors_total", labels) == 1)
+
+
+def test_a_gpu_that_refuses_event_registration_is_skipped_not_fatal(open_nvml: Open) -> None:
+    fake, reader = open_nvml("h100x8")
+    fake.gpus[0]["errors"] = {"nvmlDeviceRegisterEvents": "NOT_SUPPORTED"}
+    reader.read()
+    assert wait_until(lambda: reader.xid_events().error is None and fake.registered == set(range(1, 8)))
+    fake.emit_xid(7, 94)
+    assert wait_until(lambda: dict(reader.xid_events().counts) == {("0000:df:00", 94): 1})
+
+
+def test_the_xid_ownership_record_is_per_thread() -> None:
+    ownership = XidOwnership()
+    ownership.record(published=True)
+    seen: list[bool] = []
+    other = threading.Thread(target=lambda: seen.append(ownership.kmsg_published()))
+    other.start()
+    other.join()
+    assert seen == [False]
+    assert ownership.kmsg_published()
+
+
+# -- the real library (a GPU machine) ---------------------------------------------------------------------
+
+
+def _shape(snapshot: NvmlSnapshot) -> dict[str, tuple[str, ...]]:
+    """Family name -> label names, for families with samples."""
+    return {
+        family.name: tuple(sorted(family.samples[0].labels))
+        for family in nvml_metrics(snapshot)
+        if family.samples
+    }
+
+
+@pytest.mark.gpu
+def test_the_real_reader_has_the_shape_of_the_fake() -> None:
+    reader = PynvmlReader()
+    try:
+        snapshot = reader.read()
+        if not snapshot.available:
+            pytest.skip(f"no NVML here: {snapshot.reason}")
+        assert snapshot.gpus
+        for gpu in snapshot.gpus:
+            assert gpu.status == "ok", gpu
+            assert gpu.uuid.startswith("GPU-")
+            assert len(gpu.pci_bus_id) == len("0000:91:00")
+            assert gpu.model
+            assert gpu.temperature_celsius is not None
+        fake = FakeNvml.from_fixture("h100x8")
+        fake_reader = PynvmlReader(library=fake)
+        try:
+            expected = _shape(fake_reader.read())
+        finally:
+            fake_reader.close()
+        real = _shape(snapshot)
+        for name, labels in real.items():
+            assert expected.get(name, labels) == labels, name
+        assert {"accel_gpu_nvml_up", "accel_gpu_temperature_celsius", "accel_gpu_pcie_link_width"} <= set(
+            real
+        )
+        assert reader.xid_events().counts is not None
+    finally:
+        reader.close()
+
+
+def test_with_nvml_on_a_missing_driver_is_an_error_not_absent_hardware(open_nvml: Open) -> None:
+    fake, reader = open_nvml("h100x8")
+    fake.init_error = "LIBRARY_NOT_FOUND"
+    settings = ExporterSettings(kmsg_path=Path("/nonexistent"), sysfs_root=GPU_NODE / "sys", nvml="on")
+    registry = build_registry(build_sources(settings, kmsg=None, nvml=reader))
+    nvml = {"collector": "nvml"}
+    assert registry.get_sample_value("accel_exporter_collector_up", nvml) == 0
+    assert registry.get_sample_value("accel_exporter_collector_hardware_present", nvml) == 1
+    assert registry.get_sample_value("accel_exporter_collector_errors", nvml) == 1
