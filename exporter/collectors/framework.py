@@ -93,7 +93,7 @@ class SourcesCollector(Collector):
             up.add_metric([source.name], 0.0 if outcome.reason else 1.0)
             present.add_metric([source.name], 1.0 if outcome.present else 0.0)
             errors.add_metric([source.name], outcome.errors)
-            self._note(source.name, outcome.reason)
+            self._note(source.name, outcome)
             yield from outcome.families
         yield from (up, present, errors, duration)
 
@@ -103,7 +103,7 @@ class SourcesCollector(Collector):
             try:
                 families = list(source.collect())
             except HardwareAbsentError as exc:
-                return _Outcome([], present=False, errors=len(found), reason=f"absent: {exc}")
+                return _Outcome([], present=False, errors=len(found), reason=f"no hardware: {exc}")
             except SourceUnavailableError as exc:
                 return _Outcome([], present=True, errors=len(found) + 1, reason=str(exc))
             except Exception as exc:  # one broken source must not break the scrape; up 0 + log
@@ -116,10 +116,13 @@ class SourcesCollector(Collector):
             return _Outcome(families, present=True, errors=len(found), reason=reason)
         return _Outcome(families, present=True, errors=0, reason=None)
 
-    def _note(self, name: str, reason: str | None) -> None:
+    def _note(self, name: str, outcome: _Outcome) -> None:
+        reason = outcome.reason
         if reason is not None and name not in self._down:
             self._down.add(name)
-            logger.warning("collector %s is down: %s", name, reason)
+            # Absent hardware is a normal state of a node, not something to warn about.
+            log = logger.warning if outcome.present else logger.info
+            log("collector %s is down: %s", name, reason)
         elif reason is None and name in self._down:
             self._down.discard(name)
             logger.info("collector %s is up again", name)
