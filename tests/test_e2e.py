@@ -13,8 +13,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -64,16 +64,27 @@ def run() -> Run:
     return Run(pipeline, outcome, problems)
 
 
-def _processes_mentioning(text: str) -> list[int]:
+def demo_env(tmp_path: Path) -> tuple[dict[str, str], str]:
+    """An environment for one demo run: its own TMPDIR and a marker every child process inherits."""
+    marker = f"accel-health-test-{uuid.uuid4()}"
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    return {**os.environ, "TMPDIR": str(tmpdir), "ACCEL_HEALTH_TEST_RUN": marker}, marker
+
+
+def processes_of(marker: str) -> list[int]:
+    """Live processes started under ``marker`` (the demo and everything it spawned, orphans too)."""
+    needle = f"ACCEL_HEALTH_TEST_RUN={marker}".encode()
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if text.encode() in cmdline:
+        if needle in environ.split(b"\0") and state != "Z":
             pids.append(int(entry.name))
     return pids
 
@@ -154,11 +165,13 @@ def test_every_process_stops_and_every_port_is_released(run: Run) -> None:
             assert port_is_free(port), (proc.name, port)
 
 
-def test_make_demo_prints_the_timeline_and_the_dry_run_decision() -> None:
+def test_make_demo_prints_the_timeline_and_the_dry_run_decision(tmp_path: Path) -> None:
+    env, marker = demo_env(tmp_path)
     started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "examples.demo"],
         cwd=REPO,
+        env=env,
         capture_output=True,
         text=True,
         timeout=120,
@@ -177,13 +190,16 @@ def test_make_demo_prints_the_timeline_and_the_dry_run_decision() -> None:
     assert "DaemonSet" in out
     assert "Xid 13" in out
     assert "no alert fired" in out
-    assert _processes_mentioning("accel-health-demo-") == []
+    assert processes_of(marker) == []
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
-def test_ctrl_c_during_the_demo_stops_every_part() -> None:
+def test_ctrl_c_during_the_demo_stops_every_part(tmp_path: Path) -> None:
+    env, marker = demo_env(tmp_path)
     demo = subprocess.Popen(
         [sys.executable, "-m", "examples.demo"],
         cwd=REPO,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -197,13 +213,13 @@ def test_ctrl_c_during_the_demo_stops_every_part() -> None:
         if "Prometheus is scraping" in line or not line:
             break
     assert "Prometheus is scraping" in seen, seen
-    assert _processes_mentioning("accel-health-demo-"), "the pipeline should be running now"
+    assert len(processes_of(marker)) >= 6, "the demo and its five parts should be running now"
     demo.send_signal(signal.SIGINT)
     rest, _ = demo.communicate(timeout=30)
     assert demo.returncode == 130, seen + rest
     assert "interrupted" in rest
-    assert _processes_mentioning("accel-health-demo-") == []
-    assert list(Path(tempfile.gettempdir()).glob("accel-health-demo-*")) == []
+    assert processes_of(marker) == []
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_a_broken_route_makes_the_pipeline_fail(tmp_path: Path) -> None:
