@@ -15,11 +15,12 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from exporter.collectors.nvml import nvml_metrics
+from exporter.exposition import generate_text
 from exporter.readers.nvml import PynvmlReader
 from exporter.sources import ExporterSettings, build_registry, build_sources
 
@@ -65,11 +66,11 @@ def main() -> None:
         series = sum(len(family.samples) for family in nvml_metrics(snapshot))
         ms = medians_ms(
             {
-                "without": lambda: generate_latest(without),
-                "with": lambda: generate_latest(with_nvml),
+                "without": lambda: generate_text(without),
+                "with": lambda: generate_text(with_nvml),
                 "read": reader.read,
                 "families": lambda: nvml_metrics(snapshot),
-                "exposition": lambda: generate_latest(exposed),
+                "exposition": lambda: generate_text(exposed),
             },
             repeats=60,
         )

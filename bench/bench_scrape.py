@@ -22,8 +22,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from prometheus_client import generate_latest
-
+from exporter.exposition import generate_text
 from exporter.readers.kmsg import KmsgFollower
 from exporter.sources import ExporterSettings, build_registry, build_sources
 
@@ -57,13 +56,13 @@ def in_process_scrape_ms(root: Path, kmsg: Path) -> list[float]:
     try:
         time.sleep(0.3)
         registry = build_registry(build_sources(ExporterSettings(sysfs_root=root), kmsg=follower, nvml=None))
-        body = generate_latest(registry)
+        body = generate_text(registry)
         for wanted in (b'xid="79"', b'neuron_device="15"', b'device="mlx5_7"'):
             assert wanted in body, wanted
         times = []
         for _ in range(SCRAPES):
             started = time.perf_counter()
-            generate_latest(registry)
+            generate_text(registry)
             times.append((time.perf_counter() - started) * 1000)
         return times
     finally:

@@ -17,8 +17,8 @@ from pathlib import Path
 from types import FrameType
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
 
+from exporter.exposition import CONTENT_TYPE, generate_text
 from exporter.readers.kmsg import KmsgFollower, KmsgStateStore
 from exporter.readers.nvml import DEFAULT_TIMEOUT, PynvmlReader
 from exporter.sources import ExporterSettings, build_registry, build_sources
@@ -83,8 +83,7 @@ def make_handler(registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
-                encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-                self._reply(HTTPStatus.OK, encoder(registry), content_type)
+                self._reply(HTTPStatus.OK, generate_text(registry), CONTENT_TYPE)
             elif path == "/healthz":
                 self._reply(HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8")
             else:

@@ -167,3 +167,15 @@ def test_without_a_driver_nvml_auto_starts_and_reports_nvml_down(tmp_path: Path)
 )
 def test_listen_addresses_parse_to_host_and_port(text: str, expected: tuple[str, int]) -> None:
     assert parse_listen(text) == expected
+
+
+def test_metrics_are_served_in_the_text_format_whatever_the_scraper_accepts(gpu_exporter: Running) -> None:
+    request = urllib.request.Request(  # noqa: S310 -- loopback URL
+        gpu_exporter.url + "/metrics",
+        headers={"Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"},
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310 -- loopback URL
+        assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        body = response.read().decode()
+    assert "# EOF" not in body
+    assert 'accel_pci_devices{vendor="nvidia"} 8.0' in body
