@@ -28,6 +28,7 @@ import aiohttp
 from aiohttp import web
 from kubernetes.aio import client as k8s
 from kubernetes.aio.leaderelection import electionconfig, leaderelection
+from kubernetes.aio.leaderelection.leaderelectionrecord import LeaderElectionRecord
 from kubernetes.aio.leaderelection.resourcelock.leaselock import LeaseLock
 
 logger = logging.getLogger("remediator.leader")
@@ -60,7 +61,8 @@ class LeaderElector:
 
     def __init__(self, *, api: k8s.ApiClient, settings: LeaderSettings) -> None:
         self.settings = settings
-        self._api = api
+        self.api = api
+        """The client the election uses (owned by the caller, who closes it)."""
         self._leader = False
         self._listeners: list[Callable[[bool], None]] = []
         self.transitions = 0
@@ -101,7 +103,7 @@ class LeaderElector:
         """Campaign forever: lead while the Lease is renewed, then go back to following."""
         s = self.settings
         while True:
-            lock = LeaseLock(s.lease_name, s.namespace, s.identity, self._api)
+            lock = _LeaseLock(s.lease_name, s.namespace, s.identity, self.api)
             config = electionconfig.Config(
                 lock=lock,
                 lease_duration=s.lease_duration_seconds,
@@ -123,7 +125,7 @@ class LeaderElector:
     async def release(self) -> None:
         """Hand the Lease back if this replica holds it (on shutdown), so a follower takes over at once."""
         s = self.settings
-        leases = k8s.CoordinationV1Api(self._api)
+        leases = k8s.CoordinationV1Api(self.api)
         try:
             resp = await leases.read_namespaced_lease_without_preload_content(s.lease_name, s.namespace)
             lease = json.loads(await resp.read())
@@ -141,6 +143,21 @@ class LeaderElector:
             logger.info("released the leader Lease %s/%s (HTTP %d)", s.namespace, s.lease_name, resp.status)
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
             logger.warning("could not release the leader Lease: %s", exc)
+
+
+class _LeaseLock(LeaseLock):
+    """The library's LeaseLock with `create` fixed: kubernetes 37.0.1 passes `pretty=True`, which its
+    own pydantic-validated client rejects (pretty must be a string), so the Lease could never be
+    created. Otherwise identical."""
+
+    async def create(self, name: str, namespace: str, election_record: LeaderElectionRecord) -> bool:
+        body = k8s.V1Lease(metadata=k8s.V1ObjectMeta(name=name), spec=self.update_lease(election_record))
+        try:
+            await self.api_instance.create_namespaced_lease(namespace, body)
+        except k8s.ApiException as exc:
+            logger.info("could not create the Lease %s/%s: %s", namespace, name, exc.reason)
+            return False
+        return True
 
 
 ELECTOR = web.AppKey("leader_elector", LeaderElector)
