@@ -169,21 +169,22 @@ async def test_a_leader_dying_mid_drain_leaves_a_drain_the_new_leader_resumes() 
         a, b = elector(url, "a"), elector(url, "b")
         cluster_a = KubernetesCluster(api=a.api, should_act=lambda: a.is_leader)
         cluster_b = KubernetesCluster(api=b.api, should_act=lambda: b.is_leader)
-        async with campaigning(a) as task_a, campaigning(b):
+        async with campaigning(a) as task_a:
             await wait_until(lambda: a.is_leader, limit=5)
-            drain_a = asyncio.create_task(cluster_a.drain("gpu-1", drain))
-            await wait_until(lambda: len(api.evictions) >= 5, limit=5)  # three evicted, db-0 refused
-            deadline = api.stored("nodes", "gpu-1")["metadata"]["annotations"][DRAIN_DEADLINE]  # type: ignore[index]  # exists
+            async with campaigning(b):
+                drain_a = asyncio.create_task(cluster_a.drain("gpu-1", drain))
+                await wait_until(lambda: len(api.evictions) >= 5, limit=5)  # three evicted, db-0 refused
+                deadline = api.stored("nodes", "gpu-1")["metadata"]["annotations"][DRAIN_DEADLINE]  # type: ignore[index]  # exists
 
-            task_a.cancel()  # the leader dies mid-drain
-            with contextlib.suppress(asyncio.CancelledError):
-                await task_a
-            with pytest.raises(NotLeader):
-                await drain_a  # it stops at its next request
+                task_a.cancel()  # the leader dies mid-drain
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task_a
+                with pytest.raises(NotLeader):
+                    await drain_a  # it stops at its next request
 
-            failover = await wait_until(lambda: b.is_leader, limit=FAILOVER_LIMIT)
-            api.set_disruptions_allowed("training", "db", 1)
-            outcome = await cluster_b.drain("gpu-1", drain)
+                failover = await wait_until(lambda: b.is_leader, limit=FAILOVER_LIMIT)
+                api.set_disruptions_allowed("training", "db", 1)
+                outcome = await cluster_b.drain("gpu-1", drain)
     assert failover < FAILOVER_LIMIT
     assert outcome.resumed
     assert outcome.completed, outcome.summary()
