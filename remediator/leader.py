@@ -48,8 +48,9 @@ class LeaderSettings:
     """Name of the Lease."""
     identity: str = field(default_factory=_default_identity)
     """This replica's holderIdentity: host (pod) name plus a random suffix, unique per process."""
-    lease_duration_seconds: float = 15.0
-    """How long followers wait after the last renewal before taking over (failover time)."""
+    lease_duration_seconds: int = 15
+    """How long followers wait after the last renewal before taking over (failover time); whole
+    seconds, as Lease.spec.leaseDurationSeconds is."""
     renew_deadline_seconds: float = 10.0
     """How long the leader keeps trying to renew before it steps down; below lease_duration."""
     retry_period_seconds: float = 2.0
@@ -118,6 +119,10 @@ class LeaderElector:
                 # The library handles API errors answered by the server; a dropped connection
                 # escapes it. Either way this replica must not act until it holds the Lease again.
                 logger.warning("leader election interrupted: %s", exc or type(exc).__name__)
+            except Exception:
+                # Anything else (a malformed Lease, a library bug) must not end the campaign for
+                # good: that replica would never lead again. Logged with its traceback, retried.
+                logger.exception("leader election failed; campaigning again")
             finally:
                 self._set(False)
             await asyncio.sleep(s.retry_period_seconds)

@@ -64,6 +64,8 @@ class AwsSettings:
     respect_grace_period: bool = False
     """SetInstanceHealth's ShouldRespectGracePeriod. False: replace at once, even during the group's
     health-check grace period (a broken accelerator does not heal by waiting)."""
+    namespace: str | None = None
+    """CloudWatch namespace for every metric, overriding the policy's; None keeps the policy's."""
     extra_dimensions: Mapping[str, str] = field(default_factory=dict)
     """Dimensions added to every metric (e.g. {"Cluster": "prod-a"}); the caller's win on a clash."""
 
@@ -192,6 +194,7 @@ class AwsExecutor:
             batches[-1].append(entry)
             size += cost
         requests = 0
+        namespace = self.settings.namespace or namespace
         for batch in batches:
             if batch:
                 await self._call(
