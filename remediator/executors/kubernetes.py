@@ -248,9 +248,15 @@ class KubernetesCluster:
 
     @staticmethod
     async def configuration(
-        *, kubeconfig: Path | None = None, context: str | None = None, in_cluster: bool = False
+        *,
+        kubeconfig: Path | None = None,
+        context: str | None = None,
+        in_cluster: bool = False,
     ) -> k8s.Configuration:
-        """Client configuration from the service account (in-cluster) or a kubeconfig file."""
+        """Client configuration from the service account (in-cluster) or a kubeconfig file.
+
+        The asyncio client allows 100 connections in flight, well above a drain's concurrency.
+        """
         cfg = k8s.Configuration()
         try:
             if in_cluster:
@@ -350,15 +356,19 @@ class KubernetesCluster:
         name: str,
         what: str,
         change: Callable[[dict[str, Any]], dict[str, Any] | None],
+        *,
+        current: dict[str, Any] | None = None,
     ) -> bool:
         """Read-modify-write with the resourceVersion as precondition; retried on 409 Conflict.
 
         `change` gets the node as read and returns a merge patch (without resourceVersion), or None
-        when nothing needs to change. Returns whether a patch was written.
+        when nothing needs to change. `current` (a node just read) saves the first read. Returns
+        whether a patch was written.
         """
         self._ensure_leader(what)
         for attempt in range(1, self.settings.conflict_attempts + 1):
-            current = await self._read_node_object(name)
+            if attempt > 1 or current is None:
+                current = await self._read_node_object(name)
             if current is None:
                 logger.warning("%s: node %s not found; nothing to do", what, name)
                 return False
@@ -379,6 +389,15 @@ class KubernetesCluster:
                 raise BackendUnavailable(f"Kubernetes API: {what} {name}: {exc}") from exc
             return True
         raise BackendUnavailable(f"Kubernetes API: {what} {name}: still conflicting")  # pragma: no cover
+
+    async def _annotate(self, name: str, what: str, annotations: Mapping[str, str | None]) -> None:
+        """Merge-patch this service's own annotations (no precondition: nobody else writes them)."""
+        self._ensure_leader(what)
+        try:
+            await self._patch_node(name, {"metadata": {"annotations": dict(annotations)}})
+        except ApiError as exc:
+            if exc.status != 404:
+                raise BackendUnavailable(f"Kubernetes API: {what} {name}: {exc}") from exc
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -633,43 +652,56 @@ class KubernetesCluster:
         )
         return result
 
-    async def _start_drain(self, node: str, obj: Mapping[str, Any], timeout_s: float) -> tuple[float, bool]:
-        """(deadline, resumed): resume the recorded drain if it is still running, else start one."""
+    def _drain_window(
+        self, obj: Mapping[str, Any], timeout_s: float
+    ) -> tuple[float, bool, dict[str, str | None]]:
+        """(deadline, resumed, annotations to write): resume the recorded drain if it still runs."""
         annotations = (obj.get("metadata") or {}).get("annotations") or {}
         now = self._clock()
         if annotations.get(DRAIN_STATUS) == "in-progress":
             deadline = _parse_rfc3339(annotations.get(DRAIN_DEADLINE, ""))
             if deadline is not None and deadline > now:
-                return deadline, True
+                return deadline, True, {}
         deadline = now + timeout_s
-        stamp = {
+        stamp: dict[str, str | None] = {
             DRAIN_STARTED: _rfc3339(now),
             DRAIN_DEADLINE: _rfc3339(deadline),
             DRAIN_STATUS: "in-progress",
             DRAIN_BLOCKED: None,
         }
+        return deadline, False, stamp
 
-        def change(_obj: dict[str, Any]) -> dict[str, Any]:
-            return {"metadata": {"annotations": dict(stamp)}}
+    async def _cordon_for_drain(
+        self, node: str, obj: dict[str, Any], stamp: Mapping[str, str | None]
+    ) -> None:
+        """Cordon (claiming it, if this service flips it) and record the drain's start in one write."""
 
-        await self._modify_node(node, "record drain start", change)
-        return deadline, False
+        def change(current: dict[str, Any]) -> dict[str, Any] | None:
+            annotations: dict[str, str | None] = dict(stamp)
+            patch: dict[str, Any] = {}
+            if not current.get("spec", {}).get("unschedulable"):
+                annotations |= {CORDONED_BY: self.settings.manager, CORDONED_AT: _rfc3339(self._clock())}
+                patch["spec"] = {"unschedulable": True}
+            if not annotations:
+                return None
+            return {**patch, "metadata": {"annotations": annotations}}
+
+        await self._modify_node(node, "cordon and record drain start", change, current=obj)
 
     async def drain(self, node: str, settings: DrainSettings) -> DrainOutcome:
         """Cordon (if needed) and drain the node like `kubectl drain`, until done or the deadline.
 
-        Pods that need permission the settings do not give (bare pods, emptyDir data) make the whole
-        drain refuse before anything is evicted, as kubectl does. Raises BackendUnavailable when the
-        API is unreachable and NotLeader when leadership is lost; the annotations let the next
-        attempt (here or on the new leader) resume with the same deadline.
+        Pods that need permission the settings do not give (bare pods, emptyDir data) make the drain
+        refuse before anything is evicted, as kubectl does (the node stays cordoned). Raises
+        BackendUnavailable when the API is unreachable and NotLeader when leadership is lost; the
+        annotations let the next attempt (here or on the new leader) resume with the same deadline.
         """
         self._ensure_leader(f"drain {node}")
-        obj = await self._read_node_object(node)
+        obj, pod_objs, pdbs = await asyncio.gather(
+            self._read_node_object(node), self._pod_objects(node), self.list_pdbs()
+        )
         if obj is None:
             raise BackendUnavailable(f"drain {node}: node not found")
-        if not obj.get("spec", {}).get("unschedulable"):
-            await self.cordon(node)
-        pod_objs, pdbs = await asyncio.gather(self._pod_objects(node), self.list_pdbs())
         try:
             pods = [pod_from_object(o) for o in pod_objs]
         except ObjectFormatError as exc:
@@ -683,11 +715,13 @@ class KubernetesCluster:
         )
         skipped = tuple(f"{p.namespace}/{p.name}" for p in plan.skip)
         if plan.needs_permission:
+            await self._cordon_for_drain(node, obj, {})
             blocked = tuple(BlockedPod(p.namespace, p.name, p.reason) for p in plan.needs_permission)
             outcome = DrainOutcome(node, False, False, (), skipped, blocked, False, self._clock())
             await self._finish_drain(node, outcome, status=None)
             return outcome
-        deadline, resumed = await self._start_drain(node, obj, settings.timeout_seconds)
+        deadline, resumed, stamp = self._drain_window(obj, settings.timeout_seconds)
+        await self._cordon_for_drain(node, obj, stamp)
         targets = [(p.namespace, p.name) for p in (*plan.evict, *plan.waiting_on_pdb)]
         run = _DrainRun(self, node=node, settings=settings, deadline=deadline, uids=uids)
         blocked_list = await run.execute(targets)
@@ -702,11 +736,9 @@ class KubernetesCluster:
     async def _finish_drain(self, node: str, outcome: DrainOutcome, *, status: str | None) -> None:
         if status is not None:
             blocked = ",".join(f"{b.namespace}/{b.name}" for b in outcome.blocked)
-
-            def change(_obj: dict[str, Any]) -> dict[str, Any]:
-                return {"metadata": {"annotations": {DRAIN_STATUS: status, DRAIN_BLOCKED: blocked or None}}}
-
-            await self._modify_node(node, "record drain result", change)
+            await self._annotate(
+                node, "record drain result", {DRAIN_STATUS: status, DRAIN_BLOCKED: blocked or None}
+            )
         if not outcome.completed:
             reason = "DrainTimedOut" if outcome.timed_out else "DrainRefused"
             await self.record_event(node=node, reason=reason, message=outcome.summary(), type_="Warning")
