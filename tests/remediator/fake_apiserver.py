@@ -147,7 +147,7 @@ class FakeApiServer(KubernetesScaffold):
         # O(requests) each; with no reaction of the test's own in front, serve the store directly
         # (the benchmark's 110-pod drain would otherwise measure kmock's matching).
         if self._is_served(request) and not any(
-            p is not self._own and p.priorities[:1] >= (0,) for p in self._payloads
+            p is not self._own and (p.priorities or (0,))[:1] >= (0,) for p in self._payloads
         ):
             try:
                 return aiohttp.web.json_response(await self._serve(request))
