@@ -5,21 +5,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from aiohttp import web
+from kubernetes.aio import client as k8s
 
+from remediator import leader
 from remediator.app import create_app
+from remediator.cluster import Aws
 from remediator.engine import AlertPlan, Engine, EngineSettings
+from remediator.executors.aws import AwsExecutor, AwsSettings
+from remediator.executors.kubernetes import KubernetesCluster
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster, SnapshotError
 from remediator.payload import PayloadError, parse_body
 from remediator.policy import Policy, PolicyError, load_policy
 
 DEFAULT_LISTEN = "0.0.0.0:9836"
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 EXIT_USAGE = 2
 logger = logging.getLogger("remediator")
 
@@ -59,6 +66,53 @@ def _serve_parser() -> argparse.ArgumentParser:
     auth = parser.add_mutually_exclusive_group()
     auth.add_argument("--token-file", type=Path, help="file holding the bearer token Alertmanager sends")
     auth.add_argument("--insecure-no-auth", action="store_true", help="accept unauthenticated webhooks")
+    kube = parser.add_argument_group("Kubernetes (used unless --cluster-snapshot is given)")
+    where = kube.add_mutually_exclusive_group()
+    where.add_argument(
+        "--kubeconfig", type=Path, help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)"
+    )
+    where.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
+    kube.add_argument("--context", help="kubeconfig context (default: the current one)")
+    kube.add_argument(
+        "--no-leader-election",
+        dest="leader_election",
+        action="store_false",
+        help="act without holding the Lease (only when exactly one replica runs)",
+    )
+    kube.add_argument(
+        "--leader-election-namespace",
+        help="namespace of the leader Lease (default: the pod's namespace, $POD_NAMESPACE, or default)",
+    )
+    kube.add_argument("--lease-name", default="accel-health-remediator", help="leader Lease name")
+    kube.add_argument(
+        "--lease-duration",
+        type=float,
+        default=15.0,
+        help="seconds before a dead leader is replaced (default 15)",
+    )
+    aws = parser.add_argument_group("AWS (without --aws, AWS actions are only recorded)")
+    aws.add_argument("--aws", action="store_true", help="call Auto Scaling and CloudWatch for AWS actions")
+    aws.add_argument("--aws-region", help="AWS region (default: from the environment)")
+    aws.add_argument(
+        "--aws-endpoint-url", help="override the AWS endpoint (VPC endpoints, local test servers)"
+    )
+    aws.add_argument("--aws-retry-mode", choices=["standard", "adaptive"], default="standard")
+    aws.add_argument("--aws-max-attempts", type=int, default=5, help="attempts per AWS call (default 5)")
+    aws.add_argument(
+        "--aws-respect-grace-period",
+        action="store_true",
+        help="SetInstanceHealth waits for the group's health-check grace period (default: replace at once)",
+    )
+    aws.add_argument(
+        "--cloudwatch-namespace", help="CloudWatch namespace for every metric (default: the policy's)"
+    )
+    aws.add_argument(
+        "--cloudwatch-dimension",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra dimension on every metric, e.g. Cluster=prod-a (repeatable)",
+    )
     return parser
 
 
@@ -72,21 +126,109 @@ def _explain_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(config: Path | None, snapshot: Path | None) -> tuple[Policy, SnapshotCluster]:
+def _load_policy(config: Path | None) -> Policy:
     try:
-        policy = load_policy(config)
+        return load_policy(config)
     except PolicyError as exc:
         raise UsageError(str(exc)) from exc
+
+
+def _load(config: Path | None, snapshot: Path | None) -> tuple[Policy, SnapshotCluster]:
+    policy = _load_policy(config)
     if snapshot is None:
-        raise UsageError(
-            "--cluster-snapshot is required: only the in-memory snapshot backend exists yet "
-            "(the Kubernetes backend comes in a later release)"
-        )
+        raise UsageError("--cluster-snapshot is required here")
     try:
         cluster = SnapshotCluster.from_file(snapshot)
     except SnapshotError as exc:
         raise UsageError(str(exc)) from exc
     return policy, cluster
+
+
+def _aws(args: argparse.Namespace) -> Aws:
+    if not args.aws:
+        return RecordingAws()
+    dims = {}
+    for item in args.cloudwatch_dimension:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise UsageError(f"--cloudwatch-dimension expects NAME=VALUE, got {item!r}")
+        dims[name] = value
+    if args.aws_max_attempts < 1:
+        raise UsageError("--aws-max-attempts must be at least 1")
+    return AwsExecutor(
+        settings=AwsSettings(
+            region=args.aws_region,
+            endpoint_url=args.aws_endpoint_url,
+            retry_mode=args.aws_retry_mode,
+            max_attempts=args.aws_max_attempts,
+            respect_grace_period=args.aws_respect_grace_period,
+            namespace=args.cloudwatch_namespace,
+            extra_dimensions=dims,
+        )
+    )
+
+
+def _lease_namespace(args: argparse.Namespace) -> str:
+    if args.leader_election_namespace:
+        return str(args.leader_election_namespace)
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"]
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text(encoding="utf-8").strip() or "default"
+    except OSError:
+        return "default"
+
+
+async def _kubernetes_app(args: argparse.Namespace, policy: Policy, token: str | None) -> web.Application:
+    """The service over the Kubernetes executor (and leader election), built inside the event loop."""
+    try:
+        cfg = await KubernetesCluster.configuration(
+            kubeconfig=args.kubeconfig, context=args.context, in_cluster=args.in_cluster
+        )
+    except ValueError as exc:
+        raise UsageError(f"{exc} (pass --kubeconfig, --in-cluster, or --cluster-snapshot FILE)") from exc
+    api = k8s.ApiClient(cfg)
+    elector: leader.LeaderElector | None = None
+    if args.leader_election:
+        duration = max(3, args.lease_duration)
+        elector = leader.LeaderElector(
+            api=api,
+            settings=leader.LeaderSettings(
+                namespace=_lease_namespace(args),
+                lease_name=args.lease_name,
+                lease_duration_seconds=duration,
+                renew_deadline_seconds=duration * 2 / 3,
+                retry_period_seconds=max(1.0, duration * 2 / 15),
+            ),
+        )
+    active = elector
+    cluster = KubernetesCluster(api=api, should_act=(lambda: active.is_leader) if active else (lambda: True))
+    engine = Engine(
+        policy=policy,
+        cluster=cluster,
+        aws=_aws(args),
+        settings=EngineSettings(dry_run=args.dry_run, node_label=args.node_label),
+        clock=time.time,
+    )
+    app = create_app(engine=engine, token=token)
+
+    async def close_client(_app: web.Application) -> AsyncIterator[None]:
+        yield
+        await cluster.close()
+
+    app.cleanup_ctx.append(close_client)  # registered first, so it runs after the Lease is handed back
+    if elector is not None:
+        leader.install(app, elector)
+        logger.info(
+            "cluster backend: Kubernetes API %s; leader election on Lease %s/%s as %s",
+            cfg.host,
+            elector.settings.namespace,
+            elector.settings.lease_name,
+            elector.settings.identity,
+        )
+    else:
+        logger.warning("cluster backend: Kubernetes API %s; leader election disabled", cfg.host)
+    return app
 
 
 def _read_token(path: Path) -> str:
@@ -108,22 +250,28 @@ def serve(argv: Sequence[str]) -> int:
             "sends) or, for local experiments only, --insecure-no-auth"
         )
     token = _read_token(args.token_file) if args.token_file is not None else None
-    policy, cluster = _load(args.config, args.cluster_snapshot)
-    engine = Engine(
-        policy=policy,
-        cluster=cluster,
-        aws=RecordingAws(),
-        settings=EngineSettings(dry_run=args.dry_run, node_label=args.node_label),
-        clock=time.time,
-    )
-    app = create_app(engine=engine, token=token)
+    app: web.Application | Coroutine[Any, Any, web.Application]
+    if args.cluster_snapshot is not None:
+        policy, cluster = _load(args.config, args.cluster_snapshot)
+        engine = Engine(
+            policy=policy,
+            cluster=cluster,
+            aws=_aws(args),
+            settings=EngineSettings(dry_run=args.dry_run, node_label=args.node_label),
+            clock=time.time,
+        )
+        app = create_app(engine=engine, token=token)
+        logger.info(
+            "cluster backend: snapshot %s (in memory; nothing outside this process changes)", cluster.source
+        )
+    else:
+        app = _kubernetes_app(args, _load_policy(args.config), token)  # built inside run_app's loop
+    if not args.aws:
+        logger.info("AWS actions are recorded, not called (pass --aws to call AWS)")
     host, port = args.listen
     suffix = " (dry-run)" if args.dry_run else ""
     if token is None:
         logger.warning("authentication disabled (--insecure-no-auth): anyone who can reach the port can act")
-    logger.info(
-        "cluster backend: snapshot %s (in memory; nothing outside this process changes)", cluster.source
-    )
 
     def started(_message: str) -> None:
         logger.info("listening on %s:%d%s", host, port, suffix)

@@ -1,5 +1,5 @@
 """Executors: implementations of the Cluster and Aws seams (remediator.cluster).
 
-Only the in-memory snapshot backend exists yet; the Kubernetes (kubernetes.aio) and AWS (boto3)
-executors come in later issues and must not import each other.
+`snapshot` acts on an in-memory cluster (demo, what-if); `kubernetes` on a real API server through
+kubernetes.aio; `aws` on Auto Scaling and CloudWatch through boto3. They do not import each other.
 """

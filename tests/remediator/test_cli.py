@@ -52,11 +52,15 @@ def test_serve_refuses_to_start_without_auth(capsys: pytest.CaptureFixture[str])
     assert "refusing to start without authentication" in capsys.readouterr().err
 
 
-def test_serve_refuses_to_start_without_a_snapshot_while_it_is_the_only_backend(
-    capsys: pytest.CaptureFixture[str],
+def test_serve_without_a_snapshot_needs_a_kubernetes_configuration(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert main(["serve", "--insecure-no-auth"]) == 2
-    assert "only the in-memory snapshot backend exists yet" in capsys.readouterr().err
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert main(["serve", "--insecure-no-auth", "--listen=127.0.0.1:0"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot load Kubernetes client configuration" in err
+    assert "--cluster-snapshot" in err
 
 
 def test_an_invalid_policy_stops_start_up_with_its_problems(

@@ -1,0 +1,849 @@
+"""The Kubernetes executor: `remediator.cluster.Cluster` over the official asyncio client (kubernetes.aio).
+
+Every write is made so that it can be retried and never clobbers somebody else's change:
+
+- cordon, un-cordon and taints are JSON merge patches that carry the resourceVersion just read, so a
+  concurrent writer makes the API answer 409 and the change is recomputed on the fresh object (the
+  taint list is computed from the node as read, never replaced blindly);
+- what this service did is recorded in node annotations (`accel-health.io/…`): un-cordon and
+  un-taint undo only what those annotations say this service did, and nothing a human changed since;
+- node conditions go to the status subresource as strategic merge patches (conditions merge by
+  type, so the kubelet's own conditions are untouched); Events go to core/v1 with involvedObject
+  kind Node, the way the kubelet writes them, so `kubectl describe node` lists them;
+- drains follow `kubectl drain` (planning in remediator.drain) with policy/v1 Evictions, bounded
+  concurrency, 429s retried with backoff until the deadline, and a wait until every evicted pod is
+  gone or replaced; progress is kept in annotations, so a restarted (or newly elected) remediator
+  resumes a half-done drain with the original deadline.
+
+Transport failures, timeouts and 5xx answers are retried a few times and then raise
+`BackendUnavailable`: the webhook answers 503 and Alertmanager redelivers, and because every write
+checks the node's state first, a redelivery never does anything twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import json
+import logging
+import random
+import socket
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from kubernetes.aio import client as k8s
+from kubernetes.aio import config as k8s_config
+
+from remediator.cluster import (
+    BackendUnavailable,
+    EvictionResult,
+    Node,
+    NodeCondition,
+    ObjectFormatError,
+    Pod,
+    PodDisruptionBudget,
+    Taint,
+    node_from_object,
+    pdb_from_object,
+    pod_from_object,
+)
+from remediator.drain import plan_drain
+
+logger = logging.getLogger("remediator.kubernetes")
+
+PREFIX = "accel-health.io/"
+CORDONED_BY = PREFIX + "cordoned-by"
+"""Set when this service cordoned the node (value: the service's name); un-cordon requires it."""
+CORDONED_AT = PREFIX + "cordoned-at"
+"""When this service cordoned the node (RFC 3339)."""
+TAINTS_ADDED = PREFIX + "taints-added"
+"""JSON list of `key:effect` of taints this service added; only these are ever removed."""
+DRAIN_STARTED = PREFIX + "drain-started"
+"""When the current drain started (RFC 3339)."""
+DRAIN_DEADLINE = PREFIX + "drain-deadline"
+"""When the current drain gives up (RFC 3339); a resumed drain keeps it."""
+DRAIN_STATUS = PREFIX + "drain-status"
+"""`in-progress`, `done` or `timed-out`."""
+DRAIN_BLOCKED = PREFIX + "drain-blocked"
+"""After a drain that could not finish: `namespace/name` of the pods that blocked it."""
+
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+EVENT_MESSAGE_LIMIT = 1024
+
+
+class NotLeader(BackendUnavailable):
+    """This replica lost (or never had) the leader Lease; another one acts. Answered with 503."""
+
+
+class ApiError(Exception):
+    """A non-retryable answer from the API server (4xx other than 429, or 500 from an eviction)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class KubernetesSettings:
+    """How the executor talks to the API server."""
+
+    manager: str = "accel-health-remediator"
+    """Written into annotations and as the Events' source component; identifies this service."""
+    instance: str = field(default_factory=socket.gethostname)
+    """Events' reportingInstance (the pod name in a cluster)."""
+    event_namespace: str = "default"
+    """Namespace for node Events (the kubelet uses `default`; `kubectl describe node` finds them)."""
+    request_timeout_seconds: float = 10.0
+    """Total time allowed for one API request."""
+    attempts: int = 3
+    """Tries per request on transport errors, timeouts, 5xx and 429 (not for evictions)."""
+    retry_base_seconds: float = 0.2
+    """First retry delay; doubled per attempt, with jitter."""
+    conflict_attempts: int = 8
+    """Tries of a read-modify-write on 409 Conflict before giving up."""
+
+
+@dataclass(frozen=True)
+class DrainSettings:
+    """One drain's knobs (timeout and permissions come from the policy's drain action)."""
+
+    timeout_seconds: float = 600.0
+    """Overall deadline, counted from the drain's first start (kept across restarts)."""
+    grace_period_seconds: int | None = None
+    """DeleteOptions.gracePeriodSeconds of each Eviction; None keeps each pod's own."""
+    delete_emptydir_data: bool = False
+    """Evict pods with emptyDir volumes (their data is lost), like --delete-emptydir-data."""
+    force_bare_pods: bool = False
+    """Evict pods that no controller recreates, like --force."""
+    concurrency: int = 10
+    """Evictions in flight at once."""
+    backoff_initial_seconds: float = 1.0
+    """First wait after a 429 or a transient error; doubles up to backoff_max_seconds (with jitter)."""
+    backoff_max_seconds: float = 10.0
+    """Longest wait between two eviction attempts of one pod (kubectl waits 5 s)."""
+    poll_interval_seconds: float = 1.0
+    """How often the pods left on the node are listed while waiting for evicted pods to go."""
+
+
+@dataclass(frozen=True)
+class BlockedPod:
+    """A pod that kept a drain from finishing, and why."""
+
+    namespace: str
+    """Pod namespace."""
+    name: str
+    """Pod name."""
+    reason: str
+    """The last thing the API said about it, in words."""
+
+    def as_json(self) -> dict[str, str]:
+        return {"namespace": self.namespace, "name": self.name, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class DrainOutcome:
+    """What a drain did."""
+
+    node: str
+    """The node."""
+    completed: bool
+    """True when every pod that had to go is gone (or replaced)."""
+    timed_out: bool
+    """True when the deadline passed with pods left."""
+    evicted: tuple[str, ...]
+    """`namespace/name` of pods evicted and gone."""
+    skipped: tuple[str, ...]
+    """`namespace/name` of pods a drain leaves alone (mirror, DaemonSet)."""
+    blocked: tuple[BlockedPod, ...]
+    """Pods that kept the drain from finishing, each with the reason."""
+    resumed: bool
+    """True when this call continued a drain started earlier (by this or another replica)."""
+    deadline: float
+    """The drain's deadline, Unix seconds."""
+
+    def summary(self) -> str:
+        """One line for logs, decision records and the node's Event."""
+        head = (
+            "drain complete" if self.completed else ("drain timed out" if self.timed_out else "drain refused")
+        )
+        parts = [f"{head}: {len(self.evicted)} evicted, {len(self.skipped)} skipped"]
+        if self.blocked:
+            pods = "; ".join(f"{b.namespace}/{b.name}: {b.reason}" for b in self.blocked)
+            parts.append(f"{len(self.blocked)} blocking: {pods}")
+        return ", ".join(parts)
+
+
+def _rfc3339(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_rfc3339(text: str) -> float | None:
+    try:
+        return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def _taint_json(taint: Taint) -> dict[str, str]:
+    out = {"key": taint.key, "effect": taint.effect}
+    if taint.value:
+        out["value"] = taint.value
+    return out
+
+
+def _taint_id(key: str, effect: str) -> str:
+    return f"{key}:{effect}"
+
+
+def _owned_taints(annotations: Mapping[str, str]) -> list[str]:
+    raw = annotations.get(TAINTS_ADDED, "")
+    try:
+        value = json.loads(raw) if raw else []
+    except ValueError:
+        return []
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def _pod_key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or "default"), str(meta.get("name", ""))
+
+
+def _uid(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid", ""))
+
+
+class KubernetesCluster:
+    """remediator.cluster.Cluster against a real API server.
+
+    `should_act` is asked before every write; when it says no (this replica is not the leader) the
+    write is not made and NotLeader is raised.
+    """
+
+    def __init__(
+        self,
+        *,
+        api: k8s.ApiClient,
+        settings: KubernetesSettings | None = None,
+        should_act: Callable[[], bool] = lambda: True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.api = api
+        self.settings = settings or KubernetesSettings()
+        self._core = k8s.CoreV1Api(api)
+        self._policy = k8s.PolicyV1Api(api)
+        self._should_act = should_act
+        self._clock = clock
+        self._events: dict[tuple[str, str, str, str], tuple[str, int, float]] = {}
+
+    # -- connecting ----------------------------------------------------------------------------
+
+    @staticmethod
+    async def configuration(
+        *,
+        kubeconfig: Path | None = None,
+        context: str | None = None,
+        in_cluster: bool = False,
+    ) -> k8s.Configuration:
+        """Client configuration from the service account (in-cluster) or a kubeconfig file.
+
+        The asyncio client allows 100 connections in flight, well above a drain's concurrency.
+        """
+        cfg = k8s.Configuration()
+        try:
+            if in_cluster:
+                k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]  # untyped upstream
+            else:
+                await k8s_config.load_kube_config(  # type: ignore[no-untyped-call]  # untyped upstream
+                    config_file=str(kubeconfig) if kubeconfig else None,
+                    context=context,
+                    client_configuration=cfg,
+                    persist_config=False,
+                )
+        except (k8s_config.ConfigException, OSError) as exc:
+            raise ValueError(f"cannot load Kubernetes client configuration: {exc}") from exc
+        return cfg
+
+    async def close(self) -> None:
+        """Close the HTTP connection pool."""
+        await self.api.close()  # type: ignore[no-untyped-call]  # untyped upstream
+
+    # -- the request layer ---------------------------------------------------------------------
+
+    def _ensure_leader(self, what: str) -> None:
+        if not self._should_act():
+            raise NotLeader(f"not the leader; refusing to {what}")
+
+    async def _call(
+        self,
+        what: str,
+        method: Callable[..., Awaitable[Any]],
+        *args: Any,
+        retry: bool = True,
+        **kwargs: Any,
+    ) -> Any:
+        """One API request: the parsed JSON body of a 2xx answer.
+
+        Transport errors, timeouts, 5xx and 429 are retried (when `retry`) and then raise
+        BackendUnavailable; other 4xx raise ApiError at once.
+        """
+        attempts = self.settings.attempts if retry else 1
+        delay = self.settings.retry_base_seconds
+        last = ""
+        for attempt in range(1, attempts + 1):
+            try:
+                resp = await method(*args, _request_timeout=self.settings.request_timeout_seconds, **kwargs)
+                try:
+                    body = await resp.read()
+                finally:
+                    resp.release()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            else:
+                if 200 <= resp.status < 300:
+                    return json.loads(body) if body else {}
+                reason, message = resp.reason or "", body.decode("utf-8", "replace")
+                try:
+                    status_obj = json.loads(body)
+                    reason = str(status_obj.get("reason") or reason)
+                    message = str(status_obj.get("message") or message)
+                except (ValueError, AttributeError):
+                    pass
+                if resp.status < 500 and resp.status != 429:
+                    raise ApiError(resp.status, reason, message)
+                if not retry:
+                    raise ApiError(resp.status, reason, message)
+                last = f"{resp.status} {reason}: {message}"[:300]
+            if attempt < attempts:
+                await asyncio.sleep(delay * (0.5 + random.random()))  # noqa: S311  jitter, not crypto
+                delay *= 2
+        raise BackendUnavailable(f"Kubernetes API: {what} failed after {attempts} attempts: {last}")
+
+    async def _read_node_object(self, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = await self._call(
+                f"read node {name}", self._core.read_node_without_preload_content, name
+            )
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise BackendUnavailable(f"Kubernetes API: read node {name}: {exc}") from exc
+        return obj
+
+    async def _patch_node(
+        self, name: str, body: Mapping[str, Any], *, status: bool = False, ctype: str = MERGE_PATCH
+    ) -> dict[str, Any]:
+        method = (
+            self._core.patch_node_status_without_preload_content
+            if status
+            else self._core.patch_node_without_preload_content
+        )
+        obj: dict[str, Any] = await self._call(
+            f"patch node {name}{'/status' if status else ''}", method, name, dict(body), _content_type=ctype
+        )
+        return obj
+
+    async def _modify_node(
+        self,
+        name: str,
+        what: str,
+        change: Callable[[dict[str, Any]], dict[str, Any] | None],
+        *,
+        current: dict[str, Any] | None = None,
+    ) -> bool:
+        """Read-modify-write with the resourceVersion as precondition; retried on 409 Conflict.
+
+        `change` gets the node as read and returns a merge patch (without resourceVersion), or None
+        when nothing needs to change. `current` (a node just read) saves the first read. Returns
+        whether a patch was written.
+        """
+        self._ensure_leader(what)
+        for attempt in range(1, self.settings.conflict_attempts + 1):
+            if attempt > 1 or current is None:
+                current = await self._read_node_object(name)
+            if current is None:
+                logger.warning("%s: node %s not found; nothing to do", what, name)
+                return False
+            patch = change(current)
+            if patch is None:
+                return False
+            rv = current.get("metadata", {}).get("resourceVersion")
+            patch.setdefault("metadata", {})["resourceVersion"] = rv
+            try:
+                await self._patch_node(name, patch)
+            except ApiError as exc:
+                if exc.status == 409 and attempt < self.settings.conflict_attempts:
+                    logger.info("%s on %s: conflict (attempt %d), re-reading", what, name, attempt)
+                    await asyncio.sleep(0.01 * attempt * random.random())  # noqa: S311  jitter, not crypto
+                    continue
+                if exc.status == 404:
+                    return False
+                raise BackendUnavailable(f"Kubernetes API: {what} {name}: {exc}") from exc
+            return True
+        raise BackendUnavailable(f"Kubernetes API: {what} {name}: still conflicting")  # pragma: no cover
+
+    async def _annotate(self, name: str, what: str, annotations: Mapping[str, str | None]) -> None:
+        """Merge-patch this service's own annotations (no precondition: nobody else writes them)."""
+        self._ensure_leader(what)
+        try:
+            await self._patch_node(name, {"metadata": {"annotations": dict(annotations)}})
+        except ApiError as exc:
+            if exc.status != 404:
+                raise BackendUnavailable(f"Kubernetes API: {what} {name}: {exc}") from exc
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    async def get_node(self, name: str) -> Node | None:
+        obj = await self._read_node_object(name)
+        if obj is None:
+            return None
+        try:
+            return node_from_object(obj)
+        except ObjectFormatError as exc:
+            raise BackendUnavailable(f"node {name} has an unexpected shape: {exc}") from exc
+
+    async def node_annotations(self, name: str) -> dict[str, str]:
+        """The node's annotations ({} when it does not exist)."""
+        obj = await self._read_node_object(name)
+        return dict((obj or {}).get("metadata", {}).get("annotations") or {})
+
+    async def _list_all(self, what: str, method: Callable[..., Awaitable[Any]], **kwargs: Any) -> list[Any]:
+        items: list[Any] = []
+        token: str | None = None
+        while True:
+            extra: dict[str, Any] = {"_continue": token} if token else {}
+            try:
+                page = await self._call(what, method, limit=500, **kwargs, **extra)
+            except ApiError as exc:
+                raise BackendUnavailable(f"Kubernetes API: {what}: {exc}") from exc
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+
+    async def _pod_objects(self, node: str) -> list[dict[str, Any]]:
+        return await self._list_all(
+            f"list pods on {node}",
+            self._core.list_pod_for_all_namespaces_without_preload_content,
+            field_selector=f"spec.nodeName={node}",
+        )
+
+    async def list_pods(self, node: str) -> list[Pod]:
+        try:
+            return [pod_from_object(o) for o in await self._pod_objects(node)]
+        except ObjectFormatError as exc:
+            raise BackendUnavailable(f"a pod on {node} has an unexpected shape: {exc}") from exc
+
+    async def list_pdbs(self) -> list[PodDisruptionBudget]:
+        objs = await self._list_all(
+            "list PodDisruptionBudgets",
+            self._policy.list_pod_disruption_budget_for_all_namespaces_without_preload_content,
+        )
+        try:
+            return [pdb_from_object(o) for o in objs]
+        except ObjectFormatError as exc:
+            raise BackendUnavailable(f"a PodDisruptionBudget has an unexpected shape: {exc}") from exc
+
+    # -- cordon and taints ---------------------------------------------------------------------
+
+    async def cordon(self, node: str) -> None:
+        """Cordon and record ownership; a node someone else already cordoned is left (and not claimed)."""
+
+        def change(obj: dict[str, Any]) -> dict[str, Any] | None:
+            if obj.get("spec", {}).get("unschedulable"):
+                return None
+            annotations = {CORDONED_BY: self.settings.manager, CORDONED_AT: _rfc3339(self._clock())}
+            return {"metadata": {"annotations": annotations}, "spec": {"unschedulable": True}}
+
+        if await self._modify_node(node, "cordon", change):
+            logger.info("cordoned %s", node)
+
+    async def uncordon(self, node: str) -> None:
+        """Un-cordon only a node this service cordoned; if someone un-cordoned it since, only forget it."""
+
+        def change(obj: dict[str, Any]) -> dict[str, Any] | None:
+            annotations = obj.get("metadata", {}).get("annotations") or {}
+            if annotations.get(CORDONED_BY) != self.settings.manager:
+                logger.info("uncordon %s: not cordoned by %s; left as it is", node, self.settings.manager)
+                return None
+            forget = {"metadata": {"annotations": {CORDONED_BY: None, CORDONED_AT: None}}}
+            if not obj.get("spec", {}).get("unschedulable"):
+                return forget  # a human un-cordoned it already
+            return {**forget, "spec": {"unschedulable": False}}
+
+        if await self._modify_node(node, "uncordon", change):
+            logger.info("uncordon %s: done (or ownership forgotten)", node)
+
+    async def add_taint(self, node: str, taint: Taint) -> None:
+        """Add (or replace by key and effect) one taint; other taints are kept as they are."""
+
+        def change(obj: dict[str, Any]) -> dict[str, Any] | None:
+            taints = list(obj.get("spec", {}).get("taints") or [])
+            want = _taint_json(taint)
+            same = [t for t in taints if (t.get("key"), t.get("effect")) == (taint.key, taint.effect)]
+            if same and all(t.get("value", "") == taint.value for t in same):
+                return None
+            kept = [t for t in taints if (t.get("key"), t.get("effect")) != (taint.key, taint.effect)]
+            annotations = obj.get("metadata", {}).get("annotations") or {}
+            owned = _owned_taints(annotations)
+            tid = _taint_id(taint.key, taint.effect)
+            patch: dict[str, Any] = {
+                "spec": {"taints": [*kept, {**want, "timeAdded": _rfc3339(self._clock())}]}
+            }
+            if not same and tid not in owned:  # only a taint we created is ours to remove later
+                patch["metadata"] = {"annotations": {TAINTS_ADDED: json.dumps(sorted([*owned, tid]))}}
+            return patch
+
+        if await self._modify_node(node, "taint", change):
+            logger.info("tainted %s with %s=%s:%s", node, taint.key, taint.value, taint.effect)
+
+    async def remove_taint(self, node: str, taint: Taint) -> None:
+        """Remove a taint, but only one this service added (per the taints-added annotation)."""
+
+        def change(obj: dict[str, Any]) -> dict[str, Any] | None:
+            annotations = obj.get("metadata", {}).get("annotations") or {}
+            owned = _owned_taints(annotations)
+            tid = _taint_id(taint.key, taint.effect)
+            if tid not in owned:
+                return None
+            left = sorted(t for t in owned if t != tid)
+            taints = list(obj.get("spec", {}).get("taints") or [])
+            kept = [t for t in taints if (t.get("key"), t.get("effect")) != (taint.key, taint.effect)]
+            return {
+                "metadata": {"annotations": {TAINTS_ADDED: json.dumps(left) if left else None}},
+                "spec": {"taints": kept},
+            }
+
+        if await self._modify_node(node, "untaint", change):
+            logger.info("removed taint %s:%s from %s", taint.key, taint.effect, node)
+
+    # -- conditions and events -----------------------------------------------------------------
+
+    async def set_condition(self, node: str, condition: NodeCondition) -> None:
+        """Upsert by type on the status subresource; lastTransitionTime moves only when status does."""
+        self._ensure_leader("set a node condition")
+        current = await self._read_node_object(node)
+        if current is None:
+            return
+        now = _rfc3339(self._clock())
+        previous = next(
+            (c for c in current.get("status", {}).get("conditions") or [] if c.get("type") == condition.type),
+            None,
+        )
+        transition = now
+        if previous is not None and previous.get("status") == condition.status:
+            transition = str(previous.get("lastTransitionTime") or now)
+        entry = {
+            "type": condition.type,
+            "status": condition.status,
+            "reason": condition.reason,
+            "message": condition.message,
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": transition,
+        }
+        try:
+            await self._patch_node(
+                node, {"status": {"conditions": [entry]}}, status=True, ctype=STRATEGIC_MERGE_PATCH
+            )
+        except ApiError as exc:
+            raise BackendUnavailable(f"Kubernetes API: set condition on {node}: {exc}") from exc
+
+    async def record_event(self, *, node: str, reason: str, message: str, type_: str) -> None:
+        """A core/v1 Event about the node; a repeat within 10 minutes bumps the count, like client-go."""
+        self._ensure_leader("record an event")
+        now = self._clock()
+        stamp = _rfc3339(now)
+        ns = self.settings.event_namespace
+        if len(message) > EVENT_MESSAGE_LIMIT:
+            message = message[: EVENT_MESSAGE_LIMIT - 3] + "..."
+        key = (node, reason, message, type_)
+        seen = self._events.get(key)
+        if seen is not None and now - seen[2] < 600:
+            name, count, _ = seen
+            try:
+                await self._call(
+                    f"update event {name}",
+                    self._core.patch_namespaced_event_without_preload_content,
+                    name,
+                    ns,
+                    {"count": count + 1, "lastTimestamp": stamp},
+                    _content_type=MERGE_PATCH,
+                )
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise BackendUnavailable(f"Kubernetes API: update event {name}: {exc}") from exc
+            else:
+                self._events[key] = (name, count + 1, now)
+                return
+        name = f"{node}.{time.time_ns():x}"
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": ns},
+            # The kubelet's convention for nodes (uid = node name) is what `kubectl describe node` queries.
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+            "reason": reason,
+            "message": message,
+            "type": type_,
+            "count": 1,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "source": {"component": self.settings.manager},
+            "reportingComponent": self.settings.manager,
+            "reportingInstance": self.settings.instance,
+        }
+        try:
+            await self._call(
+                f"create event on {node}",
+                self._core.create_namespaced_event_without_preload_content,
+                ns,
+                body,
+            )
+        except ApiError as exc:
+            raise BackendUnavailable(f"Kubernetes API: create event on {node}: {exc}") from exc
+        self._events[key] = (name, 1, now)
+
+    # -- eviction and drain --------------------------------------------------------------------
+
+    async def _evict(
+        self, *, namespace: str, name: str, grace_period_seconds: int | None
+    ) -> tuple[EvictionResult, str]:
+        body: dict[str, Any] = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        if grace_period_seconds is not None:
+            body["deleteOptions"] = {"gracePeriodSeconds": grace_period_seconds}
+        try:
+            await self._call(
+                f"evict {namespace}/{name}",
+                self._core.create_namespaced_pod_eviction_without_preload_content,
+                name,
+                namespace,
+                body,
+                retry=False,
+            )
+        except ApiError as exc:
+            if exc.status == 404:
+                return EvictionResult.GONE, "gone"
+            if exc.status == 429:
+                return EvictionResult.REFUSED_BY_PDB, f"eviction refused (429): {exc.message}"
+            if exc.status >= 500:
+                raise BackendUnavailable(f"evict {namespace}/{name}: {exc.status}: {exc.message}") from exc
+            raise BackendUnavailable(f"evict {namespace}/{name}: {exc}") from exc
+        return EvictionResult.EVICTED, "evicted"
+
+    async def evict_pod(
+        self, *, namespace: str, name: str, grace_period_seconds: int | None
+    ) -> EvictionResult:
+        """One policy/v1 Eviction: EVICTED (accepted), REFUSED_BY_PDB (429) or GONE (404)."""
+        self._ensure_leader(f"evict {namespace}/{name}")
+        result, _ = await self._evict(
+            namespace=namespace, name=name, grace_period_seconds=grace_period_seconds
+        )
+        return result
+
+    def _drain_window(
+        self, obj: Mapping[str, Any], timeout_s: float
+    ) -> tuple[float, bool, dict[str, str | None]]:
+        """(deadline, resumed, annotations to write): resume the recorded drain if it still runs."""
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        now = self._clock()
+        if annotations.get(DRAIN_STATUS) == "in-progress":
+            deadline = _parse_rfc3339(annotations.get(DRAIN_DEADLINE, ""))
+            if deadline is not None and deadline > now:
+                return deadline, True, {}
+        deadline = now + timeout_s
+        stamp: dict[str, str | None] = {
+            DRAIN_STARTED: _rfc3339(now),
+            DRAIN_DEADLINE: _rfc3339(deadline),
+            DRAIN_STATUS: "in-progress",
+            DRAIN_BLOCKED: None,
+        }
+        return deadline, False, stamp
+
+    async def _cordon_for_drain(
+        self, node: str, obj: dict[str, Any], stamp: Mapping[str, str | None]
+    ) -> None:
+        """Cordon (claiming it, if this service flips it) and record the drain's start in one write."""
+
+        def change(current: dict[str, Any]) -> dict[str, Any] | None:
+            annotations: dict[str, str | None] = dict(stamp)
+            patch: dict[str, Any] = {}
+            if not current.get("spec", {}).get("unschedulable"):
+                annotations |= {CORDONED_BY: self.settings.manager, CORDONED_AT: _rfc3339(self._clock())}
+                patch["spec"] = {"unschedulable": True}
+            if not annotations:
+                return None
+            return {**patch, "metadata": {"annotations": annotations}}
+
+        await self._modify_node(node, "cordon and record drain start", change, current=obj)
+
+    async def drain(self, node: str, settings: DrainSettings) -> DrainOutcome:
+        """Cordon (if needed) and drain the node like `kubectl drain`, until done or the deadline.
+
+        Pods that need permission the settings do not give (bare pods, emptyDir data) make the drain
+        refuse before anything is evicted, as kubectl does (the node stays cordoned). Raises
+        BackendUnavailable when the API is unreachable and NotLeader when leadership is lost; the
+        annotations let the next attempt (here or on the new leader) resume with the same deadline.
+        """
+        self._ensure_leader(f"drain {node}")
+        obj, pod_objs, pdbs = await asyncio.gather(
+            self._read_node_object(node), self._pod_objects(node), self.list_pdbs()
+        )
+        if obj is None:
+            raise BackendUnavailable(f"drain {node}: node not found")
+        try:
+            pods = [pod_from_object(o) for o in pod_objs]
+        except ObjectFormatError as exc:
+            raise BackendUnavailable(f"a pod on {node} has an unexpected shape: {exc}") from exc
+        uids = {_pod_key(o): _uid(o) for o in pod_objs}
+        plan = plan_drain(
+            pods,
+            pdbs,
+            delete_emptydir_data=settings.delete_emptydir_data,
+            force_bare_pods=settings.force_bare_pods,
+        )
+        skipped = tuple(f"{p.namespace}/{p.name}" for p in plan.skip)
+        if plan.needs_permission:
+            await self._cordon_for_drain(node, obj, {})
+            blocked = tuple(BlockedPod(p.namespace, p.name, p.reason) for p in plan.needs_permission)
+            outcome = DrainOutcome(node, False, False, (), skipped, blocked, False, self._clock())
+            await self._finish_drain(node, outcome, status=None)
+            return outcome
+        deadline, resumed, stamp = self._drain_window(obj, settings.timeout_seconds)
+        await self._cordon_for_drain(node, obj, stamp)
+        targets = [(p.namespace, p.name) for p in (*plan.evict, *plan.waiting_on_pdb)]
+        run = _DrainRun(self, node=node, settings=settings, deadline=deadline, uids=uids)
+        blocked_list = await run.execute(targets)
+        evicted = tuple(f"{ns}/{name}" for ns, name in targets if (ns, name) in run.gone)
+        timed_out = bool(blocked_list)
+        outcome = DrainOutcome(
+            node, not blocked_list, timed_out, evicted, skipped, tuple(blocked_list), resumed, deadline
+        )
+        await self._finish_drain(node, outcome, status="timed-out" if timed_out else "done")
+        return outcome
+
+    async def _finish_drain(self, node: str, outcome: DrainOutcome, *, status: str | None) -> None:
+        if status is not None:
+            blocked = ",".join(f"{b.namespace}/{b.name}" for b in outcome.blocked)
+            await self._annotate(
+                node, "record drain result", {DRAIN_STATUS: status, DRAIN_BLOCKED: blocked or None}
+            )
+        if not outcome.completed:
+            reason = "DrainTimedOut" if outcome.timed_out else "DrainRefused"
+            await self.record_event(node=node, reason=reason, message=outcome.summary(), type_="Warning")
+        logger.info("%s: %s", node, outcome.summary())
+
+
+class _DrainRun:
+    """One drain's evictions (bounded concurrency) and the wait for evicted pods to go."""
+
+    def __init__(
+        self,
+        cluster: KubernetesCluster,
+        *,
+        node: str,
+        settings: DrainSettings,
+        deadline: float,
+        uids: dict[tuple[str, str], str],
+    ) -> None:
+        self.cluster = cluster
+        self.node = node
+        self.settings = settings
+        self.deadline = deadline
+        self.uids = uids
+        self.gone: set[tuple[str, str]] = set()
+        self.waiting: dict[tuple[str, str], str] = {}  # evicted, not yet gone -> why we wait
+        self.semaphore = asyncio.Semaphore(max(1, settings.concurrency))
+        self.evicting_done = asyncio.Event()
+
+    def _remaining(self) -> float:
+        return self.deadline - self.cluster._clock()
+
+    async def execute(self, targets: list[tuple[str, str]]) -> list[BlockedPod]:
+        """Evict every target and wait for them to go; the pods left when the deadline passed."""
+        waiter = asyncio.create_task(self._wait_for_pods())
+        evictions = [asyncio.create_task(self._evict_one(ns, name)) for ns, name in targets]
+        try:
+            if evictions:
+                done, _ = await asyncio.wait(evictions, return_when=asyncio.FIRST_EXCEPTION)
+                for task in done:
+                    if task.exception() is not None:
+                        raise task.exception()  # type: ignore[misc]  # checked not None just above
+            self.evicting_done.set()
+            await waiter
+        finally:
+            for task in (*evictions, waiter):
+                task.cancel()
+            await asyncio.gather(*evictions, waiter, return_exceptions=True)
+        blocked = [b for b in (t.result() for t in evictions) if b is not None]
+        blocked += [BlockedPod(ns, name, why) for (ns, name), why in sorted(self.waiting.items())]
+        return blocked
+
+    async def _evict_one(self, namespace: str, name: str) -> BlockedPod | None:
+        delay = self.settings.backoff_initial_seconds
+        last = "the drain timed out before an eviction was tried"
+        while True:
+            self.cluster._ensure_leader(f"evict {namespace}/{name}")
+            if self._remaining() <= 0:
+                return BlockedPod(namespace, name, last)
+            result: EvictionResult | None
+            try:
+                async with self.semaphore:
+                    result, said = await self.cluster._evict(
+                        namespace=namespace,
+                        name=name,
+                        grace_period_seconds=self.settings.grace_period_seconds,
+                    )
+            except NotLeader:
+                raise
+            except BackendUnavailable as exc:  # 5xx (e.g. several PDBs match), timeouts: retried
+                result, said = None, str(exc)
+            if result is EvictionResult.GONE:
+                self.gone.add((namespace, name))
+                return None
+            if result is EvictionResult.EVICTED:
+                grace = self.settings.grace_period_seconds
+                self.waiting[(namespace, name)] = "evicted, still terminating" + (
+                    f" (grace period {grace}s)" if grace is not None else " (the pod's own grace period)"
+                )
+                return None
+            last = said
+            pause = min(delay * (0.5 + random.random()), max(0.0, self._remaining()))  # noqa: S311  jitter
+            logger.info("%s/%s: %s; retrying in %.1fs", namespace, name, said, pause)
+            await asyncio.sleep(pause)
+            delay = min(delay * 2, self.settings.backoff_max_seconds)
+
+    async def _wait_for_pods(self) -> None:
+        """List the node's pods (one request for all) until every evicted pod is gone or replaced.
+
+        Lists at most once per poll interval while evictions go on, and once more as soon as the
+        last eviction was accepted.
+        """
+        while True:
+            if self.evicting_done.is_set() and (not self.waiting or self._remaining() <= 0):
+                return
+            if self.waiting:
+                present = {_pod_key(o): _uid(o) for o in await self.cluster._pod_objects(self.node)}
+                for key in list(self.waiting):
+                    if key not in present or present[key] != self.uids.get(key, present[key]):
+                        del self.waiting[key]
+                        self.gone.add(key)
+                if self.evicting_done.is_set() and not self.waiting:
+                    return
+            pause = max(0.01, min(self.settings.poll_interval_seconds, self._remaining()))
+            if self.evicting_done.is_set():
+                await asyncio.sleep(pause)
+                continue
+            with contextlib.suppress(TimeoutError):  # wakes early when the last eviction is accepted
+                await asyncio.wait_for(self.evicting_done.wait(), timeout=pause)

@@ -1,0 +1,193 @@
+"""Leader election on a coordination.k8s.io Lease against the HTTP-level fake API server.
+
+Two electors campaign for one Lease with short timings (lease 3 s, renew 2 s, retry 1 s): one
+leads; when it dies the other takes over well within 15 s; a graceful stop hands the Lease over at
+once; only the leader's /readyz is 200 and a follower answers /alerts with 503; and a leader that
+dies mid-drain leaves a drain the new leader resumes with the same deadline, evicting nothing twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from kubernetes.aio import client as k8s
+
+from remediator.app import create_app
+from remediator.engine import Engine, EngineSettings
+from remediator.executors.kubernetes import DRAIN_DEADLINE, DrainSettings, KubernetesCluster, NotLeader
+from remediator.executors.snapshot import RecordingAws, SnapshotCluster
+from remediator.leader import LeaderElector, LeaderSettings, install
+from remediator.policy import load_policy
+from tests.remediator.conftest import AUTH, TOKEN, AiohttpClient, payload
+from tests.remediator.fake_apiserver import FakeApiServer, node, pdb, pod, serve
+
+FAILOVER_LIMIT = 15.0
+
+
+def elector(url: str, identity: str) -> LeaderElector:
+    return LeaderElector(
+        api=k8s.ApiClient(k8s.Configuration(host=url)),
+        settings=LeaderSettings(
+            namespace="accel-health",
+            lease_name="remediator",
+            identity=identity,
+            lease_duration_seconds=3,
+            renew_deadline_seconds=2,
+            retry_period_seconds=1,
+        ),
+    )
+
+
+async def wait_until(condition: Callable[[], bool], *, limit: float) -> float:
+    """Seconds until `condition()` held; fails the test after `limit`."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > limit:
+            pytest.fail(f"condition not met within {limit}s")
+        await asyncio.sleep(0.05)
+    return time.monotonic() - started
+
+
+@contextlib.asynccontextmanager
+async def campaigning(e: LeaderElector) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(e.run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await close(e.api)
+
+
+async def close(api: k8s.ApiClient) -> None:
+    await api.close()  # type: ignore[no-untyped-call]  # untyped upstream
+
+
+def holder(api: FakeApiServer) -> str | None:
+    lease = api.stored("leases", "remediator", "accel-health")
+    return None if lease is None else lease.get("spec", {}).get("holderIdentity")
+
+
+async def test_one_of_two_electors_leads_and_the_lease_names_it() -> None:
+    async with serve() as (api, url):
+        a, b = elector(url, "a"), elector(url, "b")
+        async with campaigning(a), campaigning(b):
+            await wait_until(lambda: a.is_leader or b.is_leader, limit=5)
+            await asyncio.sleep(1.5)  # a few renewals later, still exactly one
+            assert a.is_leader != b.is_leader
+            assert holder(api) == ("a" if a.is_leader else "b")
+
+
+async def test_when_the_leader_dies_the_other_takes_over_within_15_seconds() -> None:
+    async with serve() as (api, url):
+        a, b = elector(url, "a"), elector(url, "b")
+        async with campaigning(a) as task_a:
+            await wait_until(lambda: a.is_leader, limit=5)
+            async with campaigning(b):
+                await asyncio.sleep(1.2)
+                assert not b.is_leader
+                task_a.cancel()  # dies: no release, the Lease just stops being renewed
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task_a
+                failover = await wait_until(lambda: b.is_leader, limit=FAILOVER_LIMIT)
+                assert holder(api) == "b"
+    assert failover < FAILOVER_LIMIT
+    assert failover >= 1.0  # it did wait for the lease to expire
+
+
+async def test_a_graceful_stop_hands_the_lease_over_within_a_retry_period() -> None:
+    async with serve() as (api, url):
+        a, b = elector(url, "a"), elector(url, "b")
+        async with campaigning(a) as task_a:
+            await wait_until(lambda: a.is_leader, limit=5)
+            async with campaigning(b):
+                task_a.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task_a
+                await a.release()
+                assert holder(api) is None
+                handover = await wait_until(lambda: b.is_leader, limit=FAILOVER_LIMIT)
+    assert handover < 2.5
+
+
+async def test_only_the_leader_is_ready_and_a_follower_refuses_alerts_with_503(
+    aiohttp_client: AiohttpClient,
+) -> None:
+    async with serve() as (api, url):
+        api.add(node("gpu-node-1"))
+
+        def service(identity: str) -> tuple[LeaderElector, object]:
+            e = elector(url, identity)
+            engine = Engine(
+                policy=load_policy(),
+                cluster=SnapshotCluster(nodes=[], pods=[], pdbs=[]),
+                aws=RecordingAws(),
+                settings=EngineSettings(dry_run=True),
+                clock=time.time,
+            )
+            app = create_app(engine=engine, token=TOKEN)
+            install(app, e)
+            return e, app
+
+        ea, app_a = service("a")
+        client_a = await aiohttp_client(app_a)  # type: ignore[arg-type]  # an aiohttp Application
+        await wait_until(lambda: ea.is_leader, limit=5)
+        eb, app_b = service("b")
+        client_b = await aiohttp_client(app_b)  # type: ignore[arg-type]  # an aiohttp Application
+        await asyncio.sleep(1.2)
+        assert (await client_a.get("/readyz")).status == 200
+        assert (await client_b.get("/readyz")).status == 503
+        assert (await client_b.get("/healthz")).status == 200  # alive, just not leading
+        assert (await client_b.post("/alerts", json=payload("gpu-fatal-xid"), headers=AUTH)).status == 503
+        assert (await client_a.post("/alerts", json=payload("gpu-fatal-xid"), headers=AUTH)).status == 200
+        metrics = await (await client_b.get("/metrics")).text()
+        assert 'accel_remediator_webhooks_total{code="503"} 1.0' in metrics
+
+        await client_a.close()  # shuts app a down: its Lease is handed back
+        await wait_until(lambda: eb.is_leader, limit=FAILOVER_LIMIT)
+        assert (await client_b.get("/readyz")).status == 200
+        await client_b.close()
+        await close(ea.api)
+        await close(eb.api)
+
+
+async def test_a_leader_dying_mid_drain_leaves_a_drain_the_new_leader_resumes() -> None:
+    drain = DrainSettings(
+        timeout_seconds=60, backoff_initial_seconds=0.1, backoff_max_seconds=0.3, poll_interval_seconds=0.1
+    )
+    async with serve() as (api, url):
+        api.add(node("gpu-1"))
+        for i in range(3):
+            api.add(pod(f"w-{i}", node_name="gpu-1"))
+        api.add(pod("db-0", node_name="gpu-1", labels={"app": "db"}, owner=("StatefulSet", "db")))
+        api.add(pdb("db", match={"app": "db"}, allowed=0))
+        a, b = elector(url, "a"), elector(url, "b")
+        cluster_a = KubernetesCluster(api=a.api, should_act=lambda: a.is_leader)
+        cluster_b = KubernetesCluster(api=b.api, should_act=lambda: b.is_leader)
+        async with campaigning(a) as task_a:
+            await wait_until(lambda: a.is_leader, limit=5)
+            async with campaigning(b):
+                drain_a = asyncio.create_task(cluster_a.drain("gpu-1", drain))
+                await wait_until(lambda: len(api.evictions) >= 5, limit=5)  # three evicted, db-0 refused
+                deadline = api.stored("nodes", "gpu-1")["metadata"]["annotations"][DRAIN_DEADLINE]  # type: ignore[index]  # exists
+
+                task_a.cancel()  # the leader dies mid-drain
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task_a
+                with pytest.raises(NotLeader):
+                    await drain_a  # it stops at its next request
+
+                failover = await wait_until(lambda: b.is_leader, limit=FAILOVER_LIMIT)
+                api.set_disruptions_allowed("training", "db", 1)
+                outcome = await cluster_b.drain("gpu-1", drain)
+    assert failover < FAILOVER_LIMIT
+    assert outcome.resumed
+    assert outcome.completed, outcome.summary()
+    assert api.stored("nodes", "gpu-1")["metadata"]["annotations"][DRAIN_DEADLINE] == deadline  # type: ignore[index]  # exists
+    accepted = [name for _, name, status in api.evictions if status == 201]
+    assert sorted(accepted) == ["db-0", "w-0", "w-1", "w-2"]  # each exactly once
