@@ -261,8 +261,10 @@ class Pipeline:
         on_started("Prometheus", f"http://127.0.0.1:{self.prometheus_port} (rules from alerts/)")
         self._wait_for(
             "Prometheus to scrape every exporter target",
-            lambda: len(self.query('up{job="accel-health-exporter"} == 1'))
-            == len(self.exporter_ports) + len(self.extra_exporter_targets),
+            lambda: (
+                len(self.query('up{job="accel-health-exporter"} == 1'))
+                == len(self.exporter_ports) + len(self.extra_exporter_targets)
+            ),
             timeout=30.0,
         )
 

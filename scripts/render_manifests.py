@@ -37,8 +37,8 @@ BASE_GENERATED = REPO / "deploy" / "base" / "generated"
 
 NAMESPACE = "accel-health"
 REMEDIATOR_RECEIVER = "accel-health-remediator"
-TOKEN_SECRET = "accel-health-remediator-token"
-TOKEN_KEY = "token"
+TOKEN_SECRET = "accel-health-remediator-token"  # noqa: S105 -- the Secret's name, not a value
+TOKEN_KEY = "token"  # noqa: S105 -- the key inside that Secret
 DASHBOARD_LABEL = {"grafana_dashboard": "1"}
 """The label kube-prometheus-stack's Grafana sidecar looks for (its default `sidecar.dashboards.label`)."""
 
@@ -66,10 +66,9 @@ class _Dumper(yaml.SafeDumper):
 
 
 def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
-    if "\n" in data:
-        # Block scalars cannot carry trailing spaces reliably; those lines are rare and stay quoted.
-        if not any(line != line.rstrip() for line in data.splitlines()):
-            return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|")
+    # Block scalars cannot carry trailing spaces reliably; such strings are rare and stay quoted.
+    if "\n" in data and not any(line != line.rstrip() for line in data.splitlines()):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|")
     return dumper.represent_scalar("tag:yaml.org,2002:str", data)
 
 
@@ -159,7 +158,9 @@ def alertmanager_config(example: Mapping[str, Any]) -> dict[str, Any]:
     receivers afterwards (the example's catch-all `humans` route needs no copy here). The example's
     routes to the remediator become children of one route that carries their common matchers.
     """
-    routes = [r for r in example.get("route", {}).get("routes", []) if r.get("receiver") == REMEDIATOR_RECEIVER]
+    routes = [
+        r for r in example.get("route", {}).get("routes", []) if r.get("receiver") == REMEDIATOR_RECEIVER
+    ]
     if not routes:
         raise RenderError(f"no route to receiver {REMEDIATOR_RECEIVER!r} in the example")
     matcher_sets = [_matchers(r) for r in routes]

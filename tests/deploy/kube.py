@@ -30,7 +30,7 @@ _Loader.yaml_implicit_resolvers = {
 
 
 def load_all(text: str) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.load_all(text, Loader=_Loader) if doc]  # noqa: S506 -- a SafeLoader
+    return [doc for doc in yaml.load_all(text, Loader=_Loader) if doc]
 
 
 def kubectl_problem() -> str | None:
@@ -56,8 +56,10 @@ def kubectl_problem() -> str | None:
 
 def render(path: Path) -> list[dict[str, Any]]:
     """`kubectl kustomize PATH`, parsed; fails with kubectl's message."""
+    kubectl = shutil.which("kubectl")
+    assert kubectl is not None, "kubectl disappeared"
     out = subprocess.run(
-        ["kubectl", "kustomize", str(path)], capture_output=True, text=True, check=False, timeout=60
+        [kubectl, "kustomize", str(path)], capture_output=True, text=True, check=False, timeout=60
     )
     assert out.returncode == 0, f"kubectl kustomize {path.relative_to(REPO)} failed:\n{out.stderr}"
     return load_all(out.stdout)
