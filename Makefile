@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit rules setup tools clean bench
+.PHONY: demo test lint typecheck unit rules manifests setup tools clean bench
 
 demo: setup
 	$(BIN)/python -m examples.demo
@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# Prometheus, promtool, Alertmanager and amtool from Debian, installed only when missing.
+# Prometheus, promtool, Alertmanager, amtool (and kubectl, for the manifests) from Debian, installed
+# only when missing.
 tools:
 	@bash scripts/install-tools.sh
 
@@ -38,6 +39,12 @@ rules: tools
 
 unit: $(STAMP)
 	$(BIN)/pytest
+
+# Rewrites the objects in deploy/ rendered from alerts/*.yaml, examples/alertmanager.yaml,
+# dashboards/*.json and remediator/default_policy.yaml. `make test` fails while they are stale
+# (tests/deploy), renders every overlay with `kubectl kustomize` and validates what it renders.
+manifests: $(STAMP)
+	$(BIN)/python -m scripts.render_manifests
 
 bench: setup
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done

@@ -23,7 +23,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -168,9 +168,17 @@ class _Process:
 class Pipeline:
     """Starts every part of the pipeline in a scratch directory and stops all of it again."""
 
-    def __init__(self, *, workdir: Path, alertmanager_config: Path = ALERTMANAGER_CONFIG) -> None:
+    def __init__(
+        self,
+        *,
+        workdir: Path,
+        alertmanager_config: Path = ALERTMANAGER_CONFIG,
+        extra_exporter_targets: Mapping[str, str] | None = None,
+    ) -> None:
         self.workdir = workdir
         self.alertmanager_config = alertmanager_config
+        self.extra_exporter_targets = dict(extra_exporter_targets or {})
+        """More targets of the exporter job, node -> HOST:PORT (tests serve fixture expositions)."""
         self.token = secrets.token_urlsafe(24)
         self.processes: list[_Process] = []
         self.exporter_ports: dict[str, int] = {}
@@ -252,8 +260,11 @@ class Pipeline:
         self._wait_http("prometheus", f"http://127.0.0.1:{self.prometheus_port}/-/ready")
         on_started("Prometheus", f"http://127.0.0.1:{self.prometheus_port} (rules from alerts/)")
         self._wait_for(
-            "Prometheus to scrape both exporters",
-            lambda: len(self.query('up{job="accel-health-exporter"} == 1')) == len(self.exporter_ports),
+            "Prometheus to scrape every exporter target",
+            lambda: (
+                len(self.query('up{job="accel-health-exporter"} == 1'))
+                == len(self.exporter_ports) + len(self.extra_exporter_targets)
+            ),
             timeout=30.0,
         )
 
@@ -384,8 +395,17 @@ class Pipeline:
                         # In a cluster the `node` label comes from the pod's node name (relabeling).
                         {"targets": [f"127.0.0.1:{port}"], "labels": {"node": node}}
                         for node, port in self.exporter_ports.items()
+                    ]
+                    + [
+                        {"targets": [target], "labels": {"node": node}}
+                        for node, target in self.extra_exporter_targets.items()
                     ],
-                }
+                },
+                {
+                    # The remediator's own metrics (decisions, webhooks, budget), as its PodMonitor does.
+                    "job_name": "accel-health-remediator",
+                    "static_configs": [{"targets": [f"127.0.0.1:{self.remediator_port}"]}],
+                },
             ],
         }
         rendered: str = yaml.safe_dump(config, sort_keys=False)

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Installs Prometheus, promtool, Alertmanager and amtool from Debian when any is missing.
+# Installs what `make test` runs besides Python, from Debian, only where missing: Prometheus, promtool,
+# Alertmanager and amtool, and kubectl (which renders deploy/ with its built-in kustomize).
 set -euo pipefail
 need=()
 command -v prometheus >/dev/null && command -v promtool >/dev/null || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null && command -v amtool >/dev/null || need+=(prometheus-alertmanager)
+# Debian's kubectl (kubernetes-client) is old: it embeds kustomize v2, which cannot render components,
+# so tests/deploy skip with that reason. A kubectl >= 1.21 (any current one) renders everything.
+command -v kubectl >/dev/null || need+=(kubernetes-client)
 [ ${#need[@]} -eq 0 ] && exit 0
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
