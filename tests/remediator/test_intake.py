@@ -139,9 +139,11 @@ async def test_a_drain_waiting_on_a_pdb_is_deferred_and_retried_on_resend(
     await client.post("/alerts", json=body, headers=AUTH)
     await client.post("/alerts", json=body, headers=AUTH)
     records = await _actions(client)
-    assert [r["action"] for r in records] == ["condition", "cordon", "drain", "drain"]
-    assert [r["outcome"] for r in records[2:]] == ["deferred", "deferred"]
-    assert records[2]["gate"] == "pdb"
+    assert [r["action"] for r in records] == ["condition", "cordon", "drain"]
+    assert (records[2]["outcome"], records[2]["gate"]) == ("deferred", "pdb")
+    state = await (await client.get("/state", headers=AUTH)).json()
+    assert [(p["action"], p["gate"], p["evaluations"]) for p in state["pending"]] == [("drain", "pdb", 2)]
+    assert state["deferred"] == {"pdb": 1}
     evictions = [m for m in live_service.cluster.mutations if m.startswith("evict")]
     assert "evict ml-team/llama-pretrain-worker-0" in evictions
     assert "evict ml-team/llama-pretrain-worker-1" not in evictions
@@ -218,10 +220,12 @@ async def test_the_budget_defers_the_third_node_with_gate_budget(aiohttp_client:
     assert [(r["node"], r["outcome"], r["gate"]) for r in records] == [
         ("gpu-node-1", "planned", None),
         ("trn-node-1", "deferred", "budget"),
-        ("trn-node-1", "deferred", "budget"),
     ]
     assert "re-evaluated when Alertmanager resends" in records[1]["reason"]
     assert service.cluster.mutations == []
+    metrics = await (await client.get("/metrics")).text()
+    assert 'accel_remediator_deferred_actions{gate="budget"} 1.0' in metrics
+    assert 'accel_remediator_actions_total{action="cordon",dry_run="true",outcome="deferred"} 1.0' in metrics
 
 
 async def test_a_rule_with_dry_run_only_plans_even_when_the_service_acts(
