@@ -212,6 +212,7 @@ class Engine:
         self._lock = asyncio.Lock()
         self._dirty = False
         self._started = False
+        self._reconciled = False  # budget reconciled during the current delivery
 
     @property
     def budget(self) -> DisruptionBudget:
@@ -306,6 +307,7 @@ class Engine:
         """Decide (and act) on every alert of a delivery, one delivery at a time."""
         async with self._lock:
             await self._load()
+            self._reconciled = False
             try:
                 observed = await self._observe(payload)
                 return [await self._handle_alert(o) for o in observed]
@@ -325,8 +327,8 @@ class Engine:
             item = _Observed(alert=alert, node_name=node_name, rule=rule)
             observed.append(item)
             if node_name and alert.status == "resolved":
-                self.state.breaker.observe_resolved(node_name, alert.fingerprint)
-                self._dirty = True
+                if self.state.breaker.observe_resolved(node_name, alert.fingerprint):
+                    self._dirty = True
             elif node_name and rule is not None and rule.actions:
                 acting.append(item)
         if acting:
@@ -551,7 +553,10 @@ class Engine:
 
     async def _reconcile_budget(self) -> bool:
         """Give back budget held for nodes that are no longer disrupted by this service (someone
-        uncordoned them, or they are gone). True when something was released."""
+        uncordoned them, or they are gone); once per delivery. True when something was released."""
+        if self._reconciled:
+            return False
+        self._reconciled = True
         released = False
         for name, hold in self.state.budget.holders().items():
             if hold.dry_run:

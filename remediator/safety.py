@@ -186,6 +186,7 @@ class StormBreaker:
         self.settings = settings
         self._clock = clock
         self._alerting: dict[str, dict[str, float]] = {}  # node -> fingerprint -> last seen
+        self._next_expiry = math.inf  # no entry is older than this: pruning before it finds nothing
         self.open = False
         self.opened_at = 0.0
         self.below_since: float | None = None
@@ -194,23 +195,32 @@ class StormBreaker:
         """Eligible nodes at the last evaluation."""
 
     def observe_firing(self, node: str, fingerprint: str) -> None:
-        self._alerting.setdefault(node, {})[fingerprint] = self._clock()
+        now = self._clock()
+        self._alerting.setdefault(node, {})[fingerprint] = now
+        self._next_expiry = min(self._next_expiry, now)
 
-    def observe_resolved(self, node: str, fingerprint: str) -> None:
+    def observe_resolved(self, node: str, fingerprint: str) -> bool:
+        """Forget a resolved alert; True when it was counted."""
         seen = self._alerting.get(node)
-        if seen is not None:
-            seen.pop(fingerprint, None)
-            if not seen:
-                del self._alerting[node]
+        if seen is None or seen.pop(fingerprint, None) is None:
+            return False
+        if not seen:
+            del self._alerting[node]
+        return True
 
     def _prune(self, now: float) -> None:
         horizon = now - self.settings.window_seconds
+        if self._next_expiry > horizon:
+            return  # nothing can have expired: keeps a 1,000-alert delivery linear
+        oldest = math.inf
         for node in list(self._alerting):
             seen = {fp: t for fp, t in self._alerting[node].items() if t > horizon}
             if seen:
                 self._alerting[node] = seen
+                oldest = min(oldest, *seen.values())
             else:
                 del self._alerting[node]
+        self._next_expiry = oldest
 
     @property
     def alerting(self) -> int:
@@ -319,6 +329,7 @@ class StormBreaker:
         self.trips = trips
         self.eligible = eligible
         self._alerting = loaded
+        self._next_expiry = min((t for seen in loaded.values() for t in seen.values()), default=math.inf)
 
 
 # -- rate limits -------------------------------------------------------------------------------
