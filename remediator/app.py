@@ -1,8 +1,20 @@
-"""The aiohttp service: POST /alerts, GET /actions, /healthz, /readyz, /metrics."""
+"""The aiohttp service.
+
+    POST /alerts    Alertmanager webhook v4 (auth)        GET /actions   decision records (auth)
+    GET  /state     gates and deferred actions (auth)     POST /pause, POST /resume  the switch (auth)
+    GET  /metrics   GET /healthz   GET /readyz
+
+Answers on /alerts: 200 when decided (acted, deferred or ignored), 400 for a body that is not a
+webhook payload, 401 without valid credentials, 413 over the body limit, 503 when the cluster could
+not be reached (Alertmanager retries 5xx, never 4xx).
+"""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -27,9 +39,23 @@ class ServiceState:
     """True between start-up and shutdown."""
 
 
+@dataclass(frozen=True)
+class Credentials:
+    """What a request must present; both None means no authentication (--insecure-no-auth)."""
+
+    bearer_token: str | None = None
+    """`Authorization: Bearer <token>` (Alertmanager: http_config.authorization.credentials_file)."""
+    basic_auth: tuple[str, str] | None = None
+    """`Authorization: Basic ...` with this user and password (Alertmanager: http_config.basic_auth)."""
+
+    @property
+    def required(self) -> bool:
+        return self.bearer_token is not None or self.basic_auth is not None
+
+
 ENGINE = web.AppKey("engine", Engine)
 METRICS = web.AppKey("metrics", RemediatorMetrics)
-TOKEN = web.AppKey("token", str)
+CREDENTIALS = web.AppKey("credentials", Credentials)
 STATE = web.AppKey("state", ServiceState)
 MAX_BODY = web.AppKey("max_body_bytes", int)
 
@@ -40,23 +66,45 @@ def _error(status: int, message: str, **headers: str) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers or None)
 
 
+def _bytes(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
 def _authorized(request: web.Request) -> bool:
-    expected = request.app[TOKEN]
-    if not expected:
+    """Constant-time comparison of whatever credentials are configured."""
+    creds = request.app[CREDENTIALS]
+    if not creds.required:
         return True
-    header = request.headers.get("Authorization", "")
-    scheme, _, given = header.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected.encode())
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    scheme = scheme.lower()
+    given = given.strip()
+    if scheme == "bearer" and creds.bearer_token is not None:
+        return hmac.compare_digest(_bytes(given), _bytes(creds.bearer_token))
+    if scheme == "basic" and creds.basic_auth is not None:
+        try:
+            decoded = base64.b64decode(_bytes(given), validate=True)
+        except (binascii.Error, ValueError):
+            return False
+        user, sep, password = decoded.partition(b":")
+        want_user, want_password = creds.basic_auth
+        ok_user = hmac.compare_digest(user, _bytes(want_user))
+        ok_password = hmac.compare_digest(password, _bytes(want_password))
+        return bool(sep) and ok_user and ok_password
+    return False
 
 
-def _unauthorized() -> web.Response:
-    return _error(401, "missing or wrong bearer token", **{"WWW-Authenticate": 'Bearer realm="accel-health"'})
+def _unauthorized(request: web.Request) -> web.Response:
+    creds = request.app[CREDENTIALS]
+    challenge = (
+        'Bearer realm="accel-health"' if creds.bearer_token is not None else 'Basic realm="accel-health"'
+    )
+    return _error(401, "missing or wrong credentials", **{"WWW-Authenticate": challenge})
 
 
 async def receive_alerts(request: web.Request) -> web.Response:
     """Alertmanager webhook v4."""
     if not _authorized(request):
-        return _unauthorized()
+        return _unauthorized(request)
     max_size = request.app[MAX_BODY]
     if request.content_length is not None and request.content_length > max_size:
         return _error(413, f"body larger than {max_size} bytes")
@@ -72,18 +120,77 @@ async def receive_alerts(request: web.Request) -> web.Response:
         plans = await request.app[ENGINE].handle(payload)
     except BackendUnavailable as exc:
         logger.warning("backend unavailable, asking Alertmanager to retry: %s", exc)
-        return _error(503, f"backend unavailable, retry later: {exc}")
+        return _error(503, f"backend unavailable, retry later: {exc}", **{"Retry-After": "10"})
+    outcomes: dict[str, int] = {}
+    for plan in plans:
+        for record in plan.records:
+            outcomes[record.outcome] = outcomes.get(record.outcome, 0) + 1
     return web.json_response(
-        {"status": "ok", "alerts": len(payload.alerts), "new_decisions": sum(len(p.records) for p in plans)}
+        {
+            "status": "ok",
+            "alerts": len(payload.alerts),
+            "new_decisions": sum(outcomes.values()),
+            "outcomes": outcomes,
+        }
     )
 
 
 async def list_actions(request: web.Request) -> web.Response:
     """Decision records, newest last."""
     if not _authorized(request):
-        return _unauthorized()
+        return _unauthorized(request)
     records = [r.as_json() for r in request.app[ENGINE].log.records()]
     return web.json_response(records)
+
+
+async def show_state(request: web.Request) -> web.Response:
+    """The gates and the deferred actions waiting for a resend."""
+    if not _authorized(request):
+        return _unauthorized(request)
+    engine = request.app[ENGINE]
+    body = engine.status().as_json()
+    body["dry_run"] = engine.settings.dry_run
+    body["pending"] = [p.as_json() for p in engine.pending.values()]
+    return web.json_response(body)
+
+
+async def _pause_reason(request: web.Request) -> str | web.Response:
+    body = await request.read()
+    if not body.strip():
+        return ""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        return _error(400, 'expected no body or a JSON object like {"reason": "..."}')
+    if not isinstance(doc, dict) or not isinstance(doc.get("reason", ""), str):
+        return _error(400, 'expected no body or a JSON object like {"reason": "..."}')
+    reason: str = doc.get("reason", "")
+    return reason
+
+
+async def pause(request: web.Request) -> web.Response:
+    """Stop every action until POST /resume (kept in the gate state: survives restarts)."""
+    if not _authorized(request):
+        return _unauthorized(request)
+    reason = await _pause_reason(request)
+    if isinstance(reason, web.Response):
+        return reason
+    try:
+        changed = await request.app[ENGINE].set_paused(True, reason or "paused over HTTP")
+    except BackendUnavailable as exc:
+        return _error(503, f"could not store the pause in the cluster, retry: {exc}")
+    return web.json_response({"paused": True, "changed": changed})
+
+
+async def resume(request: web.Request) -> web.Response:
+    """Lift the pause."""
+    if not _authorized(request):
+        return _unauthorized(request)
+    try:
+        changed = await request.app[ENGINE].set_paused(False)
+    except BackendUnavailable as exc:
+        return _error(503, f"could not store the change in the cluster, retry: {exc}")
+    return web.json_response({"paused": False, "changed": changed})
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -116,14 +223,19 @@ async def count_webhooks(request: web.Request, handler: Handler) -> web.StreamRe
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    """Ready while running; later issues start leader election and state sync here."""
+    """Read the gate state back from the cluster, then ready until shutdown."""
     engine = app[ENGINE]
+    await engine.start()
+    status = engine.status()
     logger.info(
-        "policy %s: %d rules; dry-run %s; budget %d nodes",
+        "policy %s: %d rules; dry-run %s; budget %d of %d nodes in use; breaker %s; %s",
         engine.policy.source,
         len(engine.policy.rules),
         "on" if engine.settings.dry_run else "off",
-        engine.budget.capacity,
+        status.budget_in_use,
+        status.budget_capacity,
+        "OPEN" if status.breaker_open else "closed",
+        f"PAUSED ({status.pause_reason})" if status.paused else "not paused",
     )
     app[STATE].ready = True
     yield
@@ -131,18 +243,27 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     logger.info("stopping")
 
 
-def create_app(*, engine: Engine, token: str | None, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
-    """The remediator service. `token=None` disables auth (only with --insecure-no-auth)."""
+def create_app(
+    *,
+    engine: Engine,
+    token: str | None,
+    basic_auth: tuple[str, str] | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> web.Application:
+    """The remediator service. `token=None` and `basic_auth=None` disable auth (--insecure-no-auth)."""
     app = web.Application(client_max_size=max_body_bytes, middlewares=[count_webhooks])
     app[ENGINE] = engine
-    app[TOKEN] = token or ""
+    app[CREDENTIALS] = Credentials(bearer_token=token or None, basic_auth=basic_auth)
     app[MAX_BODY] = max_body_bytes
     app[STATE] = ServiceState()
-    app[METRICS] = RemediatorMetrics(nodes_disrupted=lambda: engine.budget.in_use)
+    app[METRICS] = RemediatorMetrics(status=engine.status)
     engine.subscribe(app[METRICS].observe)
     app.cleanup_ctx.append(_lifecycle)
     app.router.add_post("/alerts", receive_alerts)
     app.router.add_get("/actions", list_actions)
+    app.router.add_get("/state", show_state)
+    app.router.add_post("/pause", pause)
+    app.router.add_post("/resume", resume)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

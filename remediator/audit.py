@@ -1,13 +1,15 @@
 """Decision records: what the remediator decided, why, and what it did (or would have done).
 
-One record per (alert, action). `GET /actions` serves the last N as JSON, newest last; each record
-is also logged as one human-readable line.
+One record per (alert, action) decision. `GET /actions` serves the last N as JSON, newest last; each
+record is also logged as one human-readable line. A deferred action gets a record when it is first
+deferred and whenever another gate holds it; the engine's `pending` list (GET /state) shows how often
+it was re-evaluated since.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from collections.abc import Hashable, Mapping
+from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -91,26 +93,3 @@ class DecisionLog:
 
     def __len__(self) -> int:
         return len(self._records)
-
-
-class DecidedKeys:
-    """Idempotency keys already decided, bounded (oldest forgotten first).
-
-    In memory for now; the seam for persistence across restarts (node annotations) of a later issue.
-    """
-
-    def __init__(self, *, keep: int = 100_000) -> None:
-        self._keys: OrderedDict[Hashable, None] = OrderedDict()
-        self._keep = keep
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._keys
-
-    def add(self, key: Hashable) -> None:
-        self._keys[key] = None
-        self._keys.move_to_end(key)
-        while len(self._keys) > self._keep:
-            self._keys.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._keys)

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import ssl
 import sys
 import time
 from collections.abc import AsyncIterator, Coroutine, Sequence
@@ -16,11 +17,11 @@ from aiohttp import web
 from kubernetes.aio import client as k8s
 
 from remediator import leader
-from remediator.app import create_app
+from remediator.app import MAX_BODY_BYTES, create_app
 from remediator.cluster import Aws
 from remediator.engine import AlertPlan, Engine, EngineSettings
 from remediator.executors.aws import AwsExecutor, AwsSettings
-from remediator.executors.kubernetes import KubernetesCluster
+from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster, SnapshotError
 from remediator.payload import PayloadError, parse_body
 from remediator.policy import Policy, PolicyError, load_policy
@@ -63,9 +64,26 @@ def _serve_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--listen", type=_listen, default=_listen(DEFAULT_LISTEN), help=f"default {DEFAULT_LISTEN}"
     )
-    auth = parser.add_mutually_exclusive_group()
-    auth.add_argument("--token-file", type=Path, help="file holding the bearer token Alertmanager sends")
-    auth.add_argument("--insecure-no-auth", action="store_true", help="accept unauthenticated webhooks")
+    parser.add_argument("--token-file", type=Path, help="file holding the bearer token Alertmanager sends")
+    parser.add_argument(
+        "--basic-auth-file",
+        type=Path,
+        help="file holding USER:PASSWORD for HTTP basic auth (Alertmanager http_config.basic_auth)",
+    )
+    parser.add_argument("--insecure-no-auth", action="store_true", help="accept unauthenticated webhooks")
+    parser.add_argument("--tls-cert-file", type=Path, help="serve HTTPS with this certificate (PEM chain)")
+    parser.add_argument("--tls-key-file", type=Path, help="private key of --tls-cert-file (PEM)")
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=MAX_BODY_BYTES,
+        help=f"largest webhook body accepted, bytes (default {MAX_BODY_BYTES}); larger ones get 413",
+    )
+    parser.add_argument(
+        "--paused",
+        action="store_true",
+        help="start with remediation paused (kept in the gate state until POST /resume)",
+    )
     kube = parser.add_argument_group("Kubernetes (used unless --cluster-snapshot is given)")
     where = kube.add_mutually_exclusive_group()
     where.add_argument(
@@ -179,7 +197,23 @@ def _lease_namespace(args: argparse.Namespace) -> str:
         return "default"
 
 
-async def _kubernetes_app(args: argparse.Namespace, policy: Policy, token: str | None) -> web.Application:
+def _service_app(
+    args: argparse.Namespace, engine: Engine, *, token: str | None, basic: tuple[str, str] | None
+) -> web.Application:
+    """The aiohttp service over ``engine``, with the intake settings and --paused applied."""
+    app = create_app(engine=engine, token=token, basic_auth=basic, max_body_bytes=args.max_body_bytes)
+    if args.paused:
+
+        async def start_paused(_app: web.Application) -> None:
+            await engine.set_paused(True, "started with --paused")
+
+        app.on_startup.append(start_paused)
+    return app
+
+
+async def _kubernetes_app(
+    args: argparse.Namespace, policy: Policy, *, token: str | None, basic: tuple[str, str] | None
+) -> web.Application:
     """The service over the Kubernetes executor (and leader election), built inside the event loop."""
     try:
         cfg = await KubernetesCluster.configuration(
@@ -202,7 +236,11 @@ async def _kubernetes_app(args: argparse.Namespace, policy: Policy, token: str |
             ),
         )
     active = elector
-    cluster = KubernetesCluster(api=api, should_act=(lambda: active.is_leader) if active else (lambda: True))
+    cluster = KubernetesCluster(
+        api=api,
+        settings=KubernetesSettings(state_namespace=_lease_namespace(args)),
+        should_act=(lambda: active.is_leader) if active else (lambda: True),
+    )
     engine = Engine(
         policy=policy,
         cluster=cluster,
@@ -210,7 +248,7 @@ async def _kubernetes_app(args: argparse.Namespace, policy: Policy, token: str |
         settings=EngineSettings(dry_run=args.dry_run, node_label=args.node_label),
         clock=time.time,
     )
-    app = create_app(engine=engine, token=token)
+    app = _service_app(args, engine, token=token, basic=basic)
 
     async def close_client(_app: web.Application) -> AsyncIterator[None]:
         yield
@@ -241,15 +279,44 @@ def _read_token(path: Path) -> str:
     return token
 
 
+def _read_basic_auth(path: Path) -> tuple[str, str]:
+    text = _read_token(path)
+    user, sep, password = text.partition(":")
+    if not sep or not user or not password:
+        raise UsageError(f"--basic-auth-file {path}: expected USER:PASSWORD on one line")
+    return user, password
+
+
+def _tls_context(cert: Path | None, key: Path | None) -> ssl.SSLContext | None:
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise UsageError("--tls-cert-file and --tls-key-file go together")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(certfile=cert, keyfile=key)
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(f"cannot load --tls-cert-file {cert} / --tls-key-file {key}: {exc}") from exc
+    return context
+
+
 def serve(argv: Sequence[str]) -> int:
     args = _serve_parser().parse_args(argv)
     _configure_logging(args.log_level)
-    if args.token_file is None and not args.insecure_no_auth:
+    has_auth = args.token_file is not None or args.basic_auth_file is not None
+    if has_auth and args.insecure_no_auth:
+        raise UsageError("--insecure-no-auth contradicts --token-file / --basic-auth-file")
+    if not has_auth and not args.insecure_no_auth:
         raise UsageError(
             "refusing to start without authentication: pass --token-file FILE (the bearer token Alertmanager "
-            "sends) or, for local experiments only, --insecure-no-auth"
+            "sends) or --basic-auth-file FILE or, for local experiments only, --insecure-no-auth"
         )
+    if args.max_body_bytes < 1024:
+        raise UsageError(f"--max-body-bytes must be at least 1024, got {args.max_body_bytes}")
     token = _read_token(args.token_file) if args.token_file is not None else None
+    basic = _read_basic_auth(args.basic_auth_file) if args.basic_auth_file is not None else None
+    tls = _tls_context(args.tls_cert_file, args.tls_key_file)
     app: web.Application | Coroutine[Any, Any, web.Application]
     if args.cluster_snapshot is not None:
         policy, cluster = _load(args.config, args.cluster_snapshot)
@@ -260,23 +327,27 @@ def serve(argv: Sequence[str]) -> int:
             settings=EngineSettings(dry_run=args.dry_run, node_label=args.node_label),
             clock=time.time,
         )
-        app = create_app(engine=engine, token=token)
+        app = _service_app(args, engine, token=token, basic=basic)
         logger.info(
             "cluster backend: snapshot %s (in memory; nothing outside this process changes)", cluster.source
         )
     else:
-        app = _kubernetes_app(args, _load_policy(args.config), token)  # built inside run_app's loop
+        # Built inside run_app's event loop: the Kubernetes client needs one.
+        app = _kubernetes_app(args, _load_policy(args.config), token=token, basic=basic)
     if not args.aws:
         logger.info("AWS actions are recorded, not called (pass --aws to call AWS)")
     host, port = args.listen
     suffix = " (dry-run)" if args.dry_run else ""
-    if token is None:
+    suffix += " (https)" if tls is not None else ""
+    if not has_auth:
         logger.warning("authentication disabled (--insecure-no-auth): anyone who can reach the port can act")
 
     def started(_message: str) -> None:
         logger.info("listening on %s:%d%s", host, port, suffix)
 
-    web.run_app(app, host=host, port=port, print=started, access_log=None, handle_signals=True)
+    web.run_app(
+        app, host=host, port=port, ssl_context=tls, print=started, access_log=None, handle_signals=True
+    )
     return 0
 
 
@@ -327,6 +398,12 @@ def explain(argv: Sequence[str], *, out: TextIO) -> int:
     )
     print(file=out)
     _format_plan(plans, out)
+    status = engine.status()
+    print(
+        f"gates afterwards: budget {status.budget_in_use} of {status.budget_capacity} nodes; "
+        f"{status.breaker}; {'PAUSED' if status.paused else 'not paused'}",
+        file=out,
+    )
     return 0
 
 

@@ -172,6 +172,11 @@ class Cluster(Protocol):
         """The node, or None when it does not exist."""
         ...
 
+    async def list_nodes(self) -> list[Node]:
+        """All nodes (the denominator of percentage budgets and of the storm breaker). Called at most
+        once per webhook delivery that may act; an executor may answer from a watch cache."""
+        ...
+
     async def list_pods(self, node: str) -> list[Pod]:
         """Pods bound to the node (all namespaces)."""
         ...
@@ -192,6 +197,10 @@ class Cluster(Protocol):
         """Add (or replace, by key and effect) a taint."""
         ...
 
+    async def remove_taint(self, node: str, taint: Taint) -> None:
+        """Remove the taint with this key and effect (no-op when absent)."""
+        ...
+
     async def set_condition(self, node: str, condition: NodeCondition) -> None:
         """Upsert a node condition by type (status subresource)."""
         ...
@@ -204,6 +213,16 @@ class Cluster(Protocol):
         self, *, namespace: str, name: str, grace_period_seconds: int | None
     ) -> EvictionResult:
         """Create a policy/v1 Eviction for the pod."""
+        ...
+
+    async def load_gate_state(self) -> Mapping[str, Any] | None:
+        """The gate-state document last saved (remediator/state.py), or None when there is none yet."""
+        ...
+
+    async def save_gate_state(self, document: Mapping[str, Any]) -> None:
+        """Store the gate-state document (JSON-serialisable, at most about 1 MiB), replacing the last.
+        Kept in the cluster so that budgets, the breaker and idempotency survive restarts and
+        fail-overs. A mutating call: never made in dry-run."""
         ...
 
 

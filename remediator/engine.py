@@ -1,24 +1,36 @@
 """The decision engine: alerts in, decision records out, actions through the Cluster/Aws seams.
 
-For each alert of a delivery: find the node (label configurable), the first matching policy rule,
-and run its actions in order (`on_resolved` ones when the alert resolved). Every action passes, in
-this order: idempotency (fingerprint, startsAt, status, action already decided -> nothing new),
-protected nodes (control plane, opt-out), the target's own state (already cordoned?), ordering (a
-disruptive action waits while an earlier one is incomplete), and the safety gates (disruptive
-actions only). Dry-run takes exactly the same path and changes nothing in the backend.
+A delivery is handled in two passes. First every alert is observed: the node it names (label
+configurable) and the first matching policy rule; firing alerts that would act feed the storm breaker,
+resolved ones leave it, and the breaker is evaluated against the eligible nodes. Then each alert's
+actions run in order (`on_resolved` ones when the alert resolved), each through, in this order:
+
+1. idempotency: (fingerprint, startsAt, status, action, dry-run) already decided -> nothing new;
+2. protected nodes (control plane, opt-out label) and nodes that do not exist -> skipped;
+3. the pause switch, then (firing alerts only) the storm breaker -> deferred;
+4. ordering: a disruptive action waits while an earlier one of the same alert is incomplete;
+5. the target's own state (already cordoned? taint present? cordoned by us and untouched since?);
+6. rate limits per action kind, then the disruption budget (disruptive actions only) -> deferred.
+
+A deferred action is not decided: it is listed in `pending` (GET /state, a gauge) and decided again
+on the next delivery of the alert. Dry-run takes exactly the same path and changes nothing: no call
+that mutates the cluster or AWS, no gate-state write. Gate state lives in the cluster (see
+remediator/state.py): read at `start()`, written after each delivery that changed it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from remediator.audit import DecidedKeys, DecisionLog, DecisionRecord, Outcome
+from remediator.audit import DecisionLog, DecisionRecord, Outcome
 from remediator.cluster import (
     Aws,
+    BackendUnavailable,
     Cluster,
     EvictionResult,
     Node,
@@ -38,13 +50,18 @@ from remediator.policy import (
     Drain,
     Policy,
     RecordEvent,
+    RemoveTaint,
     Rule,
     SetCondition,
     Uncordon,
 )
-from remediator.safety import DisruptionBudget, Gate, protected_reason
+from remediator.safety import DisruptionBudget, Verdict, eligible_count, protected_reason
+from remediator.state import GateState, StateError
 
 logger = logging.getLogger("remediator.decisions")
+
+MAX_PENDING = 10_000
+"""Deferred actions remembered at most (oldest forgotten first, with a log line)."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +69,8 @@ class EngineSettings:
     """Service-wide settings of the engine."""
 
     dry_run: bool = False
-    """Plan only: decisions are recorded with dry_run=true and the backend is never changed."""
+    """Plan only: decisions are recorded with dry_run=true; the cluster and AWS are never changed and
+    the gate state is read but never written."""
     node_label: str = "node"
     """The alert label that names the Kubernetes node."""
 
@@ -82,6 +100,75 @@ class AlertPlan:
 
 
 @dataclass
+class PendingAction:
+    """A deferred action waiting for the next delivery of its alert."""
+
+    record: DecisionRecord
+    """The latest deferral record."""
+    first_deferred: float
+    """Clock time of the first deferral."""
+    evaluations: int = 1
+    """How many deliveries deferred it."""
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            **self.record.as_json(),
+            "first_deferred": self.first_deferred,
+            "evaluations": self.evaluations,
+        }
+
+
+@dataclass(frozen=True)
+class GateStatus:
+    """The gates at a glance (GET /state, /metrics)."""
+
+    paused: bool
+    """The pause switch."""
+    pause_reason: str
+    """Why it is paused."""
+    breaker_open: bool
+    """The storm breaker."""
+    breaker_trips: int
+    """How often it opened (persisted)."""
+    breaker: str
+    """The breaker in words."""
+    alerting_nodes: int
+    """Eligible nodes alerting within the breaker window."""
+    eligible_nodes: int
+    """Nodes that may be acted on (last count)."""
+    budget_in_use: int
+    """Nodes disrupted by this service now."""
+    budget_capacity: int
+    """The effective budget."""
+    budget_holders: Mapping[str, Mapping[str, Any]]
+    """Node -> since, kinds, dry_run."""
+    rate_limits: Mapping[str, int]
+    """Action kind -> actions counted in the current window."""
+    deferred: Mapping[str, int]
+    """Gate -> deferred actions waiting now."""
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "paused": self.paused,
+            "pause_reason": self.pause_reason,
+            "breaker": {
+                "open": self.breaker_open,
+                "trips": self.breaker_trips,
+                "alerting_nodes": self.alerting_nodes,
+                "eligible_nodes": self.eligible_nodes,
+                "description": self.breaker,
+            },
+            "budget": {
+                "in_use": self.budget_in_use,
+                "capacity": self.budget_capacity,
+                "holders": {k: dict(v) for k, v in self.budget_holders.items()},
+            },
+            "rate_limits": dict(self.rate_limits),
+            "deferred": dict(self.deferred),
+        }
+
+
+@dataclass
 class _Context:
     alert: Alert
     node_name: str
@@ -90,6 +177,13 @@ class _Context:
     dry_run: bool
     protected: str | None
     incomplete: str | None = None  # the earlier disruptive action that did not complete
+
+
+@dataclass(frozen=True)
+class _Observed:
+    alert: Alert
+    node_name: str
+    rule: Rule | None
 
 
 class Engine:
@@ -103,31 +197,153 @@ class Engine:
         aws: Aws,
         settings: EngineSettings,
         clock: Callable[[], float],
-        extra_gates: Sequence[Gate] = (),
         log: DecisionLog | None = None,
-        decided: DecidedKeys | None = None,
     ) -> None:
         self.policy = policy
         self.settings = settings
-        self.budget = DisruptionBudget(max_nodes=policy.safety.max_disrupted_nodes, clock=clock)
+        self.state = GateState(settings=policy.safety, clock=clock)
         self.log = log if log is not None else DecisionLog()
+        self.pending: OrderedDict[tuple[Any, ...], PendingAction] = OrderedDict()
+        """Deferred actions by idempotency key, oldest first."""
         self._cluster = cluster
         self._aws = aws
         self._clock = clock
-        self._gates: tuple[Gate, ...] = (self.budget, *extra_gates)
-        self._decided = decided if decided is not None else DecidedKeys()
         self._listeners: list[Callable[[DecisionRecord], None]] = []
-        self._cordoned_by_us: set[str] = set()
         self._lock = asyncio.Lock()
+        self._dirty = False
+        self._started = False
+        self._reconciled = False  # budget reconciled during the current delivery
+
+    @property
+    def budget(self) -> DisruptionBudget:
+        """The disruption budget."""
+        return self.state.budget
 
     def subscribe(self, listener: Callable[[DecisionRecord], None]) -> None:
         """Call `listener` with every new decision record (metrics, audit sinks)."""
         self._listeners.append(listener)
 
+    # -- lifecycle and state -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Read the gate state back from the cluster. Unreadable state pauses the service (loudly)
+        instead of starting with an empty budget; BackendUnavailable propagates."""
+        async with self._lock:
+            await self._load()
+
+    async def _load(self) -> None:
+        if self._started:
+            return
+        fresh = GateState(settings=self.policy.safety, clock=self._clock)
+        try:
+            doc = await self._cluster.load_gate_state()
+            self._started = True
+            if doc is None:
+                logger.info("no stored gate state; starting with an empty budget and a closed breaker")
+                return
+            fresh.load_document(doc)
+        except StateError as exc:
+            self._started = True
+            logger.error("stored gate state is unusable (%s); starting PAUSED", exc)
+            self.state.pause.pause(f"stored gate state unusable: {exc}; check, then POST /resume")
+            self._dirty = False  # keep the stored document for inspection
+            return
+        self.state = fresh
+        logger.info(
+            "gate state restored: %d node(s) in the budget, breaker %s, %s",
+            fresh.budget.in_use,
+            "OPEN" if fresh.breaker.open else "closed",
+            "PAUSED" if fresh.pause.paused else "not paused",
+        )
+
+    async def _save(self) -> None:
+        if not self._dirty or self.settings.dry_run:
+            self._dirty = False
+            return
+        await self._cluster.save_gate_state(self.state.to_document())
+        self._dirty = False
+
+    async def set_paused(self, paused: bool, reason: str = "") -> bool:
+        """Pause or resume every action; True when the switch changed. Saved at once (not in dry-run)."""
+        async with self._lock:
+            if paused:
+                changed = not self.state.pause.paused
+                self.state.pause.pause(reason or "paused by an operator")
+            else:
+                changed = self.state.pause.resume()
+            self._dirty = True
+            await self._save()
+            return changed
+
+    def status(self) -> GateStatus:
+        """The gates now (evaluates the breaker on the clock, so a scrape sees it close)."""
+        st = self.state
+        if st.breaker.evaluate():
+            self._dirty = True
+        deferred: dict[str, int] = {}
+        for pending in self.pending.values():
+            gate = pending.record.gate or "unknown"
+            deferred[gate] = deferred.get(gate, 0) + 1
+        return GateStatus(
+            paused=st.pause.paused,
+            pause_reason=st.pause.reason,
+            breaker_open=st.breaker.open,
+            breaker_trips=st.breaker.trips,
+            breaker=st.breaker.describe(),
+            alerting_nodes=st.breaker.alerting,
+            eligible_nodes=st.breaker.eligible,
+            budget_in_use=st.budget.in_use,
+            budget_capacity=st.budget.capacity,
+            budget_holders={
+                n: {"since": h.since, "kinds": sorted(h.kinds), "dry_run": h.dry_run}
+                for n, h in st.budget.holders().items()
+            },
+            rate_limits=st.rate.usage(),
+            deferred=deferred,
+        )
+
+    # -- deliveries --------------------------------------------------------------------------
+
     async def handle(self, payload: WebhookPayload) -> list[AlertPlan]:
         """Decide (and act) on every alert of a delivery, one delivery at a time."""
         async with self._lock:
-            return [await self._handle_alert(alert) for alert in payload.alerts]
+            await self._load()
+            self._reconciled = False
+            try:
+                observed = await self._observe(payload)
+                return [await self._handle_alert(o) for o in observed]
+            finally:
+                await self._save()
+
+    def _rule_for(self, alert: Alert) -> Rule | None:
+        return self.policy.first_match(alert.labels)
+
+    async def _observe(self, payload: WebhookPayload) -> list[_Observed]:
+        label = self.settings.node_label
+        observed = []
+        acting: list[_Observed] = []
+        for alert in payload.alerts:
+            node_name = alert.labels.get(label, "")
+            rule = self._rule_for(alert) if node_name else None
+            item = _Observed(alert=alert, node_name=node_name, rule=rule)
+            observed.append(item)
+            if node_name and alert.status == "resolved":
+                if self.state.breaker.observe_resolved(node_name, alert.fingerprint):
+                    self._dirty = True
+            elif node_name and rule is not None and rule.actions:
+                acting.append(item)
+        if acting:
+            nodes = {n.name: n for n in await self._cluster.list_nodes()}
+            eligible = eligible_count(nodes.values(), self.policy.safety)
+            self.state.budget.eligible = eligible
+            for item in acting:
+                node = nodes.get(item.node_name)
+                if node is not None and protected_reason(node, self.policy.safety) is None:
+                    self.state.breaker.observe_firing(item.node_name, item.alert.fingerprint)
+                    self._dirty = True
+            if self.state.breaker.evaluate(eligible):
+                self._dirty = True
+        return observed
 
     # -- per alert ---------------------------------------------------------------------------
 
@@ -149,11 +365,11 @@ class Engine:
     def _ignore(
         self, alert: Alert, *, node: str | None, rule: Rule | None, reason: str
     ) -> DecisionRecord | None:
-        key = (alert.fingerprint, alert.starts_at, alert.status, "none")
-        if key in self._decided:
-            return None
-        self._decided.add(key)
         dry = self.settings.dry_run or (rule is not None and rule.dry_run)
+        key = (alert.fingerprint, alert.starts_at, alert.status, "none", dry)
+        if key in self.state.decided:
+            return None
+        self.state.decided.add(key, persist=False)  # ignoring changes nothing worth persisting
         return self._record(
             alert,
             node=node,
@@ -164,22 +380,47 @@ class Engine:
             reason=reason,
         )
 
-    async def _handle_alert(self, alert: Alert) -> AlertPlan:
+    def _drop_pending_of_resolved(self, alert: Alert) -> list[DecisionRecord]:
+        """A resolved alert's deferred firing actions will never run: say so, once each."""
+        records = []
+        for key in [k for k in self.pending if k[0] == alert.fingerprint and k[1] == alert.starts_at]:
+            pending = self.pending.pop(key)
+            old = pending.record
+            records.append(
+                self._record(
+                    alert,
+                    node=old.node,
+                    action=old.action,
+                    rule=old.rule,
+                    dry_run=old.dry_run,
+                    outcome="skipped",
+                    reason=(
+                        f"alert resolved while the action was deferred by gate {old.gate} "
+                        f"({pending.evaluations} evaluation(s)); not run"
+                    ),
+                    gate=old.gate,
+                )
+            )
+        return records
+
+    async def _handle_alert(self, item: _Observed) -> AlertPlan:
+        alert, node_name, rule = item.alert, item.node_name, item.rule
         label = self.settings.node_label
-        node_name = alert.labels.get(label, "")
-        notes: list[str] = []
+        resolved = alert.status == "resolved"
+        dropped = self._drop_pending_of_resolved(alert) if resolved else []
         if not node_name:
             rec = self._ignore(
                 alert, node=None, rule=None, reason=f"alert has no {label!r} label; nothing to act on"
             )
             return AlertPlan(alert, None, None, (f"no {label!r} label",), (rec,) if rec else ())
-        rule = self.policy.first_match(alert.labels)
         if rule is None:
             rec = self._ignore(alert, node=node_name, rule=None, reason="no policy rule matches this alert")
-            return AlertPlan(alert, node_name, None, ("no rule matched",), (rec,) if rec else ())
+            return AlertPlan(
+                alert, node_name, None, ("no rule matched",), (*dropped, *([rec] if rec else []))
+            )
+        notes: list[str] = []
         matched = ", ".join(str(m) for m in rule.matchers) or "(matches every alert)"
         notes.append(f"rule {rule.name!r} (rules[{rule.index}]) matched: {matched}")
-        resolved = alert.status == "resolved"
         actions = rule.on_resolved if resolved else rule.actions
         if not actions:
             why = (
@@ -188,7 +429,7 @@ class Engine:
                 else f"rule {rule.name!r} has no actions"
             )
             rec = self._ignore(alert, node=node_name, rule=rule, reason=why)
-            return AlertPlan(alert, node_name, rule, (*notes, why), (rec,) if rec else ())
+            return AlertPlan(alert, node_name, rule, (*notes, why), (*dropped, *([rec] if rec else [])))
         if resolved:
             notes.append("alert resolved: only on_resolved actions (never destructive) run")
         node = await self._cluster.get_node(node_name)
@@ -200,65 +441,184 @@ class Engine:
                 "dry-run: "
                 + ("service-wide" if self.settings.dry_run else f"rule {rule.name!r} has dry_run: true")
             )
+        notes.append(
+            f"pause: {'PAUSED (' + self.state.pause.reason + ')' if self.state.pause.paused else 'off'}"
+        )
+        if not resolved:
+            notes.append(self.state.breaker.describe())
         ctx = _Context(
             alert=alert, node_name=node_name, node=node, rule=rule, dry_run=dry_run, protected=protected
         )
-        records = []
+        records = [*dropped, *await self._run_actions(ctx, actions, notes)]
+        notes.append(
+            f"budget: {self.state.budget.in_use} of {self.state.budget.capacity} nodes disrupted by "
+            "accel-health"
+        )
+        return AlertPlan(alert, node_name, rule, tuple(notes), tuple(records))
+
+    async def _run_actions(
+        self, ctx: _Context, actions: tuple[Action, ...], notes: list[str]
+    ) -> list[DecisionRecord]:
+        alert, node_name, rule, dry_run = ctx.alert, ctx.node_name, ctx.rule, ctx.dry_run
+        records: list[DecisionRecord] = []
         for index, action in enumerate(actions):
-            key = (alert.fingerprint, alert.starts_at, alert.status, index, action.type)
-            if key in self._decided:
+            key = (alert.fingerprint, alert.starts_at, alert.status, index, action.type, dry_run)
+            if key in self.state.decided:
                 notes.append(f"{action.type}: already decided for this alert (idempotency)")
                 continue
-            result = await self._decide(ctx, action)
+            try:
+                result = await self._decide(ctx, action)
+            except BackendUnavailable:
+                raise
+            except Exception as exc:  # a bug or an executor error that retrying will not fix: recorded
+                logger.exception("%s on %s failed", action.type, node_name)
+                result = _Result("failed", f"{type(exc).__name__}: {exc}")
             if result.gate:
                 notes.append(f"{action.type}: gate {result.gate}: {result.reason}")
             if action.type in DISRUPTIVE and result.outcome in ("deferred", "failed"):
                 ctx.incomplete = ctx.incomplete or action.type
-            if result.outcome != "deferred":
-                self._decided.add(key)
-            records.append(
-                self._record(
-                    alert,
-                    node=node_name,
-                    action=action.type,
-                    rule=rule.name,
-                    dry_run=dry_run,
-                    outcome=result.outcome,
-                    reason=result.reason,
-                    gate=result.gate,
-                    details=result.details,
-                )
+            fields: dict[str, Any] = {
+                "node": node_name,
+                "action": action.type,
+                "rule": rule.name,
+                "dry_run": dry_run,
+                "outcome": result.outcome,
+                "reason": result.reason,
+                "gate": result.gate,
+                "details": result.details,
+            }
+            if result.outcome == "deferred":
+                rec = self._defer(key, alert, fields)
+                if rec is not None:
+                    records.append(rec)
+                continue
+            self.pending.pop(key, None)
+            self.state.decided.add(key, persist=not dry_run)
+            self._dirty = self._dirty or not dry_run
+            records.append(self._record(alert, **fields))
+        return records
+
+    def _defer(self, key: tuple[Any, ...], alert: Alert, fields: dict[str, Any]) -> DecisionRecord | None:
+        """Remember a deferred action; a new record only when it is new or another gate holds it."""
+        pending = self.pending.get(key)
+        if pending is not None and pending.record.gate == fields["gate"]:
+            pending.evaluations += 1
+            pending.record = DecisionRecord(
+                time=self._clock(),
+                alertname=pending.record.alertname,
+                fingerprint=pending.record.fingerprint,
+                starts_at=pending.record.starts_at,
+                status=pending.record.status,
+                **fields,
             )
-        notes.append(
-            f"budget: {self.budget.in_use} of {self.budget.capacity} nodes disrupted by accel-health"
-        )
-        return AlertPlan(alert, node_name, rule, tuple(notes), tuple(records))
+            self.pending.move_to_end(key)
+            return None
+        record = self._record(alert, **fields)
+        first = pending.first_deferred if pending is not None else self._clock()
+        evaluations = pending.evaluations + 1 if pending is not None else 1
+        self.pending[key] = PendingAction(record=record, first_deferred=first, evaluations=evaluations)
+        self.pending.move_to_end(key)
+        while len(self.pending) > MAX_PENDING:
+            _, oldest = self.pending.popitem(last=False)
+            logger.warning("forgetting the oldest deferred action (%s)", oldest.record.log_line())
+        return record
 
-    # -- per action --------------------------------------------------------------------------
+    # -- gates -------------------------------------------------------------------------------
 
-    def _check_gates(self, node: str) -> _Result | None:
-        for gate in self._gates:
-            verdict = gate.check(node)
+    def _counts(self, ctx: _Context) -> bool:
+        """Does this decision change the gates? Real actions do, and every decision of a dry-run
+        service (so that its decisions equal a live one's); a dry-run rule in a live service does not
+        use up the real budget or rate limits."""
+        return not ctx.dry_run or self.settings.dry_run
+
+    async def _gates(self, ctx: _Context, kind: str, node: str) -> _Result | None:
+        """Rate limit, then (disruptive actions) the budget; None when the action may go ahead."""
+        verdict = self.state.rate.check(kind)
+        if not verdict.allowed:
+            return _Result("deferred", verdict.reason, gate=verdict.gate)
+        if kind in DISRUPTIVE:
+            verdict = self.state.budget.check(node)
+            if not verdict.allowed and await self._reconcile_budget():
+                verdict = self.state.budget.check(node)
             if not verdict.allowed:
                 return _Result("deferred", verdict.reason, gate=verdict.gate)
         return None
 
-    def _commit(self, node: str) -> None:
-        for gate in self._gates:
-            gate.commit(node)
+    def _commit(self, ctx: _Context, kind: str, node: str) -> None:
+        if not self._counts(ctx):
+            return
+        self.state.rate.commit(kind)
+        if kind in DISRUPTIVE:
+            self.state.budget.commit(node, kind=kind, dry_run=ctx.dry_run)
+        self._dirty = True
 
-    def _release(self, node: str) -> None:
-        for gate in self._gates:
-            gate.release(node)
+    async def _reconcile_budget(self) -> bool:
+        """Give back budget held for nodes that are no longer disrupted by this service (someone
+        uncordoned them, or they are gone); once per delivery. True when something was released."""
+        if self._reconciled:
+            return False
+        self._reconciled = True
+        released = False
+        for name, hold in self.state.budget.holders().items():
+            if hold.dry_run:
+                continue
+            node = await self._cluster.get_node(name)
+            why = self._still_ours(name, node, hold.kinds)
+            if why is None:
+                continue
+            self.state.budget.release(name)
+            self.state.ownership.forget(name)
+            logger.info("budget: %s released (%s)", name, why)
+            released = True
+            self._dirty = True
+        return released
 
-    async def _decide(self, ctx: _Context, action: Action) -> _Result:  # noqa: PLR0911  one per action type
+    def _still_ours(self, name: str, node: Node | None, kinds: set[str]) -> str | None:
+        """None while the node is still disrupted by this service, else why not."""
+        if node is None:
+            return "node no longer exists"
+        if "aws_set_unhealthy" in kinds:
+            return None  # being replaced: counted until the node object goes away
+        own = self.state.ownership
+        if own.cordoned.get(name) is False and not node.unschedulable:
+            own.cordoned.pop(name, None)
+        present = {(t.key, t.value, t.effect) for t in node.taints}
+        for taint in own.our_taints(name):
+            if (taint.key, taint.value, taint.effect) not in present:
+                own.drop_taint(name, taint)
+        if name in own.cordoned or name in own.tainted:
+            return None
+        return "no longer cordoned or tainted by accel-health (changed by someone else)"
+
+    def _gate_verdict(self, ctx: _Context) -> Verdict | None:
+        verdict = self.state.pause.check()
+        if not verdict.allowed:
+            return verdict
+        if ctx.alert.status == "firing":
+            verdict = self.state.breaker.check()
+            if not verdict.allowed:
+                return verdict
+        return None
+
+    # -- per action --------------------------------------------------------------------------
+
+    def _precheck(self, ctx: _Context, action: Action) -> _Result | None:
+        """Checks every action passes before its own: node, protection, pause, breaker, order."""
         if ctx.node is None:
             return _Result("skipped", f"node {ctx.node_name} not found in the cluster")
         if ctx.protected:
             return _Result("skipped", ctx.protected)
+        if (verdict := self._gate_verdict(ctx)) is not None:
+            return _Result("deferred", verdict.reason, gate=verdict.gate)
         if action.type in DISRUPTIVE and ctx.incomplete:
             return _Result("deferred", f"waits for {ctx.incomplete} to complete", gate="order")
+        return None
+
+    async def _decide(self, ctx: _Context, action: Action) -> _Result:  # noqa: PLR0911  one per action type
+        if (early := self._precheck(ctx, action)) is not None:
+            return early
         node = ctx.node
+        assert node is not None  # _precheck skipped a missing node
         match action:
             case Cordon():
                 return await self._cordon(ctx, node)
@@ -276,6 +636,8 @@ class Engine:
                 return await self._metric(ctx, node, action)
             case Uncordon():
                 return await self._uncordon(ctx, node)
+            case RemoveTaint():
+                return await self._untaint(ctx, node, action)
 
     def _done(
         self, ctx: _Context, text: str, *, would: str, details: Mapping[str, Any] | None = None
@@ -287,25 +649,44 @@ class Engine:
     async def _cordon(self, ctx: _Context, node: Node) -> _Result:
         if node.unschedulable:
             return _Result("skipped", "already cordoned (spec.unschedulable=true)")
-        if (held := self._check_gates(node.name)) is not None:
+        if (held := await self._gates(ctx, "cordon", node.name)) is not None:
             return held
         if not ctx.dry_run:
             await self._cluster.cordon(node.name)
-        self._cordoned_by_us.add(node.name)
-        self._commit(node.name)
+        if self._counts(ctx):
+            self.state.ownership.add_cordon(node.name, dry_run=ctx.dry_run)
+        self._commit(ctx, "cordon", node.name)
         return self._done(ctx, "cordoned", would="would cordon (spec.unschedulable=true)")
 
+    def _maybe_release(self, ctx: _Context, node: str) -> None:
+        own = self.state.ownership
+        hold = self.state.budget.holders().get(node)
+        if node in own.cordoned or node in own.tainted:
+            return
+        if hold is not None and "aws_set_unhealthy" in hold.kinds:
+            return
+        if self._counts(ctx) and self.state.budget.release(node):
+            self._dirty = True
+
     async def _uncordon(self, ctx: _Context, node: Node) -> _Result:
-        if node.name not in self._cordoned_by_us:
+        own = self.state.ownership
+        if node.name not in own.cordoned:
             return _Result("skipped", "not cordoned by accel-health; left as it is")
-        if not ctx.dry_run and not node.unschedulable:
-            self._cordoned_by_us.discard(node.name)
-            self._release(node.name)
+        if own.cordoned[node.name] and not ctx.dry_run:
+            return _Result("skipped", "the cordon was only planned (dry-run); nothing to undo")
+        if not own.cordoned[node.name] and not node.unschedulable:
+            own.cordoned.pop(node.name, None)
+            self._maybe_release(ctx, node.name)
+            self._dirty = True
             return _Result("skipped", "someone already uncordoned it")
+        if (held := await self._gates(ctx, "uncordon", node.name)) is not None:
+            return held
         if not ctx.dry_run:
             await self._cluster.uncordon(node.name)
-        self._cordoned_by_us.discard(node.name)
-        self._release(node.name)
+        if self._counts(ctx):
+            own.cordoned.pop(node.name, None)
+            self._commit(ctx, "uncordon", node.name)
+        self._maybe_release(ctx, node.name)
         return self._done(ctx, "uncordoned", would="would uncordon (cordoned by accel-health)")
 
     async def _taint(self, ctx: _Context, node: Node, action: AddTaint) -> _Result:
@@ -313,15 +694,55 @@ class Engine:
         text = f"{taint.key}={taint.value}:{taint.effect}"
         if any(t.key == taint.key and t.effect == taint.effect for t in node.taints):
             return _Result("skipped", f"already tainted {taint.key}:{taint.effect}")
-        if (held := self._check_gates(node.name)) is not None:
+        if (held := await self._gates(ctx, "taint", node.name)) is not None:
             return held
         if not ctx.dry_run:
             await self._cluster.add_taint(node.name, taint)
-        self._commit(node.name)
+        if self._counts(ctx):
+            self.state.ownership.add_taint(node.name, taint, dry_run=ctx.dry_run)
+        self._commit(ctx, "taint", node.name)
         return self._done(ctx, f"tainted {text}", would=f"would taint {text}", details={"taint": text})
 
+    async def _untaint(self, ctx: _Context, node: Node, action: RemoveTaint) -> _Result:
+        own = self.state.ownership
+        ours = [
+            t
+            for t in own.our_taints(node.name)
+            if t.key == action.key and (action.effect is None or t.effect == action.effect)
+        ]
+        if not ours:
+            return _Result("skipped", f"no {action.key} taint added by accel-health; left as it is")
+        present = {(t.key, t.value, t.effect) for t in node.taints}
+        simulated = own.tainted[node.name]
+        to_remove = []
+        for taint in ours:
+            dry = simulated[(taint.key, taint.effect)][1]
+            if dry and not ctx.dry_run:
+                continue  # only planned: nothing to undo
+            if not dry and (taint.key, taint.value, taint.effect) not in present:
+                own.drop_taint(node.name, taint)  # removed or changed by someone else since
+                self._dirty = True
+                continue
+            to_remove.append(taint)
+        if not to_remove:
+            self._maybe_release(ctx, node.name)
+            return _Result(
+                "skipped", f"{action.key} taint removed or changed by someone else since; left as it is"
+            )
+        if (held := await self._gates(ctx, "untaint", node.name)) is not None:
+            return held
+        for taint in to_remove:
+            if not ctx.dry_run:
+                await self._cluster.remove_taint(node.name, taint)
+            if self._counts(ctx):
+                own.drop_taint(node.name, taint)
+        self._commit(ctx, "untaint", node.name)
+        self._maybe_release(ctx, node.name)
+        text = ", ".join(f"{t.key}={t.value}:{t.effect}" for t in to_remove)
+        return self._done(ctx, f"removed taint {text}", would=f"would remove taint {text}")
+
     async def _drain(self, ctx: _Context, node: Node, action: Drain) -> _Result:
-        if (held := self._check_gates(node.name)) is not None:
+        if (held := await self._gates(ctx, "drain", node.name)) is not None:
             return held
         pods = await self._cluster.list_pods(node.name)
         pdbs = await self._cluster.list_pdbs()
@@ -332,13 +753,15 @@ class Engine:
             force_bare_pods=action.force_bare_pods,
         )
         details: dict[str, Any] = dict(plan.details())
-        self._commit(node.name)
+        if not node.unschedulable and node.name not in self.state.ownership.cordoned:
+            if not ctx.dry_run:
+                await self._cluster.cordon(node.name)  # kubectl drain cordons first
+            if self._counts(ctx):
+                self.state.ownership.add_cordon(node.name, dry_run=ctx.dry_run)
+        self._commit(ctx, "drain", node.name)
         if ctx.dry_run:
             outcome: Outcome = "failed" if plan.needs_permission else "planned"
             return _Result(outcome, plan.summary(dry_run=True), details=details)
-        if not node.unschedulable and node.name not in self._cordoned_by_us:
-            await self._cluster.cordon(node.name)  # kubectl drain cordons first
-            self._cordoned_by_us.add(node.name)
         refused = []
         for pod in plan.evict:
             result = await self._cluster.evict_pod(
@@ -375,8 +798,11 @@ class Engine:
             for c in node.conditions
         ):
             return _Result("skipped", f"condition already {text}")
+        if (held := await self._gates(ctx, "condition", node.name)) is not None:
+            return held
         if not ctx.dry_run:
             await self._cluster.set_condition(node.name, cond)
+        self._commit(ctx, "condition", node.name)
         return self._done(
             ctx,
             f"set condition {text}",
@@ -388,10 +814,13 @@ class Engine:
         alertname = ctx.alert.labels.get("alertname", "AcceleratorFault")
         message = ctx.alert.annotations.get("summary") or f"{alertname} is {ctx.alert.status}"
         type_ = "Normal" if ctx.alert.status == "resolved" else "Warning"
+        if (held := await self._gates(ctx, "event", ctx.node_name)) is not None:
+            return held
         if not ctx.dry_run:
             await self._cluster.record_event(
                 node=ctx.node_name, reason=alertname, message=message, type_=type_
             )
+        self._commit(ctx, "event", ctx.node_name)
         return self._done(
             ctx,
             f"recorded {type_} event {alertname}",
@@ -405,11 +834,11 @@ class Engine:
             return _Result(
                 "skipped", f"no EC2 instance id in spec.providerID ({node.provider_id or 'empty'})"
             )
-        if (held := self._check_gates(node.name)) is not None:
+        if (held := await self._gates(ctx, "aws_set_unhealthy", node.name)) is not None:
             return held
         if not ctx.dry_run:
             await self._aws.set_unhealthy(instance)
-        self._commit(node.name)
+        self._commit(ctx, "aws_set_unhealthy", node.name)
         text = f"{instance} Unhealthy in its Auto Scaling group (no grace period): it gets replaced"
         return self._done(
             ctx, f"marked {text}", would=f"would mark {text}", details={"instance_id": instance}
@@ -420,10 +849,13 @@ class Engine:
         instance = instance_id_from_provider_id(node.provider_id)
         if instance:
             dims["InstanceId"] = instance
+        if (held := await self._gates(ctx, "cloudwatch_metric", node.name)) is not None:
+            return held
         if not ctx.dry_run:
             await self._aws.put_metric(
                 namespace=action.namespace, name=action.metric_name, value=1.0, dimensions=dims
             )
+        self._commit(ctx, "cloudwatch_metric", node.name)
         text = f"{action.namespace}/{action.metric_name}=1 {dims}"
         return self._done(
             ctx, f"put metric {text}", would=f"would put metric {text}", details={"dimensions": dims}

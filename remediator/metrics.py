@@ -1,18 +1,80 @@
-"""The remediator's own metrics, in its own CollectorRegistry (nothing global)."""
+"""The remediator's own metrics, in its own CollectorRegistry (nothing global).
+
+Counters for decisions and webhook answers; the gates (budget, breaker, pause, deferred actions) are
+read from the engine on every scrape by a custom collector, so they can never drift from the truth.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from remediator.audit import DecisionRecord
+from remediator.engine import GateStatus
+
+DEFERRING_GATES = ("pause", "breaker", "order", "rate_limit", "budget", "pdb")
+
+
+class _GateCollector(Collector):
+    def __init__(self, status: Callable[[], GateStatus]) -> None:
+        self._status = status
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []  # nothing to check at registration; avoids reading the engine before it started
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        st = self._status()
+        yield GaugeMetricFamily(
+            "accel_remediator_nodes_disrupted",
+            "Nodes currently disrupted (cordoned, tainted, drained, replaced) by the remediator: "
+            "the budget in use.",
+            value=st.budget_in_use,
+        )
+        yield GaugeMetricFamily(
+            "accel_remediator_disruption_budget_nodes",
+            "The effective disruption budget (max_disrupted_nodes, or the percentage of eligible nodes).",
+            value=st.budget_capacity,
+        )
+        yield GaugeMetricFamily(
+            "accel_remediator_breaker_open",
+            "1 while the storm breaker holds every action back, else 0.",
+            value=int(st.breaker_open),
+        )
+        trips = CounterMetricFamily(
+            "accel_remediator_breaker_trips", "How often the storm breaker opened (survives restarts)."
+        )
+        trips.add_metric([], st.breaker_trips)
+        yield trips
+        yield GaugeMetricFamily(
+            "accel_remediator_alerting_nodes",
+            "Eligible nodes with a firing alert within the storm-breaker window.",
+            value=st.alerting_nodes,
+        )
+        yield GaugeMetricFamily(
+            "accel_remediator_eligible_nodes",
+            "Nodes the remediator may act on (not control plane, not opted out), last count.",
+            value=st.eligible_nodes,
+        )
+        yield GaugeMetricFamily(
+            "accel_remediator_paused", "1 while remediation is paused, else 0.", value=int(st.paused)
+        )
+        deferred = GaugeMetricFamily(
+            "accel_remediator_deferred_actions",
+            "Actions deferred now and waiting for Alertmanager to resend their alert, by gate.",
+            labels=["gate"],
+        )
+        for gate in sorted({*DEFERRING_GATES, *st.deferred}):
+            deferred.add_metric([gate], st.deferred.get(gate, 0))
+        yield deferred
 
 
 class RemediatorMetrics:
-    """accel_remediator_actions_total, accel_remediator_webhooks_total, accel_remediator_nodes_disrupted."""
+    """accel_remediator_actions_total, accel_remediator_webhooks_total and the gate gauges."""
 
-    def __init__(self, *, nodes_disrupted: Callable[[], float]) -> None:
+    def __init__(self, *, status: Callable[[], GateStatus]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.actions = Counter(
             "accel_remediator_actions",
@@ -26,12 +88,7 @@ class RemediatorMetrics:
             ["code"],
             registry=self.registry,
         )
-        self.nodes_disrupted = Gauge(
-            "accel_remediator_nodes_disrupted",
-            "Nodes currently disrupted (cordoned, tainted, drained) by the remediator: the budget in use.",
-            registry=self.registry,
-        )
-        self.nodes_disrupted.set_function(nodes_disrupted)
+        self.registry.register(_GateCollector(status))
 
     def observe(self, record: DecisionRecord) -> None:
         self.actions.labels(record.action, record.outcome, str(record.dry_run).lower()).inc()

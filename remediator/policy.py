@@ -5,8 +5,12 @@
       - name: drain
         match: ['remediation="drain"', 'severity=~"critical|warning"']
         actions: [{type: condition}, {type: cordon}, {type: drain, timeout_seconds: 600}]
-        on_resolved: []          # or [uncordon]; destructive actions are refused here
+        on_resolved: []          # or [uncordon, untaint]; destructive actions are refused here
         dry_run: false           # optional: this rule only plans
+    # safety: max_disrupted_nodes, max_disrupted_percent, opt_out_label,
+    #         rate_limits: {drain: {max_actions: 3, window_seconds: 3600}},
+    #         storm_breaker: {threshold_percent: 30, min_nodes: 3, window_seconds: 600,
+    #                         cooldown_seconds: 900, enabled: true}
 
 Matchers follow Alertmanager: `=`, `!=`, `=~`, `!~`; regexes are anchored; a missing label reads as
 "". Validation collects every problem and raises one PolicyError naming file, rule and field, so an
@@ -24,7 +28,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from remediator.safety import SafetySettings
+from remediator.safety import RateLimit, SafetySettings, StormSettings
 
 DEFAULT_POLICY_NAME = "default_policy.yaml"
 
@@ -117,6 +121,17 @@ class AddTaint:
 
 
 @dataclass(frozen=True)
+class RemoveTaint:
+    """Remove a taint this service added (only if nobody changed it since)."""
+
+    type: ClassVar[str] = "untaint"
+    key: str = "accel-health.io/unhealthy"
+    """Taint key."""
+    effect: str | None = None
+    """Only the taint with this effect; None removes every taint of this key that the service added."""
+
+
+@dataclass(frozen=True)
 class Drain:
     """Evict the node's pods like `kubectl drain` (cordons first if needed)."""
 
@@ -168,7 +183,15 @@ class CloudWatchMetric:
 
 
 Action = (
-    Cordon | Uncordon | AddTaint | Drain | SetCondition | RecordEvent | AwsSetUnhealthy | CloudWatchMetric
+    Cordon
+    | Uncordon
+    | AddTaint
+    | RemoveTaint
+    | Drain
+    | SetCondition
+    | RecordEvent
+    | AwsSetUnhealthy
+    | CloudWatchMetric
 )
 
 ACTION_TYPES: dict[str, type[Action]] = {
@@ -177,6 +200,7 @@ ACTION_TYPES: dict[str, type[Action]] = {
         Cordon,
         Uncordon,
         AddTaint,
+        RemoveTaint,
         Drain,
         SetCondition,
         RecordEvent,
@@ -186,7 +210,9 @@ ACTION_TYPES: dict[str, type[Action]] = {
 }
 DISRUPTIVE = frozenset({"cordon", "taint", "drain", "aws_set_unhealthy"})
 """Actions that take capacity away: budget-gated, and never run for resolved alerts."""
-RESOLVED_ALLOWED = frozenset({"uncordon", "condition", "event", "cloudwatch_metric"})
+RESOLVED_ALLOWED = frozenset({"uncordon", "untaint", "condition", "event", "cloudwatch_metric"})
+REVERSALS = frozenset({"uncordon", "untaint"})
+"""Actions that give capacity back: only in on_resolved."""
 _TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
@@ -261,6 +287,7 @@ _ACTION_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "event": {},
     "aws_set_unhealthy": {},
     "taint": {"key": str, "value": str, "effect": str},
+    "untaint": {"key": str, "effect": str},
     "drain": {
         "timeout_seconds": int,
         "grace_period_seconds": int,
@@ -330,11 +357,100 @@ def _parse_actions(raw: Any, where: str, problems: list[str], *, resolved: bool)
                 f"(allowed: {', '.join(sorted(RESOLVED_ALLOWED))})"
             )
             continue
-        if not resolved and action.type == "uncordon":
-            problems.append(f"{where}[{i}].type: uncordon belongs in on_resolved, not in actions")
+        if not resolved and action.type in REVERSALS:
+            problems.append(f"{where}[{i}].type: {action.type} belongs in on_resolved, not in actions")
             continue
         actions.append(action)
     return tuple(actions)
+
+
+def _number(value: Any, name: str, problems: list[str], *, minimum: float = 0.0) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        problems.append(f"{name}: expected a number, got {type(value).__name__} {value!r}")
+        return None
+    if value < minimum:
+        problems.append(f"{name}: must be at least {minimum:g}, got {value}")
+        return None
+    return float(value)
+
+
+def _count(value: Any, name: str, problems: list[str]) -> int | None:
+    problem = _field_problem(value, int, name)
+    if problem is None and value < 0:
+        problem = f"{name}: must not be negative, got {value}"
+    if problem:
+        problems.append(problem)
+        return None
+    return int(value)
+
+
+def _parse_rate_limits(raw: Any, problems: list[str]) -> dict[str, RateLimit]:
+    where = "safety.rate_limits"
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: expected a mapping of action type -> {{max_actions, window_seconds}}")
+        return {}
+    limits = {}
+    for kind, spec in raw.items():
+        at = f"{where}.{kind}"
+        if kind not in ACTION_TYPES:
+            problems.append(f"{at}: unknown action type (known: {', '.join(sorted(ACTION_TYPES))})")
+            continue
+        if not isinstance(spec, dict):
+            problems.append(f"{at}: expected a mapping with max_actions and window_seconds")
+            continue
+        unknown = [k for k in spec if k not in ("max_actions", "window_seconds")]
+        problems.extend(f"{at}.{k}: unknown field (known: max_actions, window_seconds)" for k in unknown)
+        for required in ("max_actions", "window_seconds"):
+            if required not in spec:
+                problems.append(f"{at}.{required}: required")
+        count = _count(spec["max_actions"], f"{at}.max_actions", problems) if "max_actions" in spec else None
+        window = (
+            _number(spec["window_seconds"], f"{at}.window_seconds", problems, minimum=1.0)
+            if "window_seconds" in spec
+            else None
+        )
+        if count is not None and window is not None and not unknown:
+            limits[kind] = RateLimit(max_actions=count, window_seconds=window)
+    return limits
+
+
+_STORM_FIELDS = ("enabled", "threshold_percent", "min_nodes", "window_seconds", "cooldown_seconds")
+
+
+def _parse_storm(raw: Any, problems: list[str]) -> StormSettings:
+    where = "safety.storm_breaker"
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: expected a mapping (fields: {', '.join(_STORM_FIELDS)})")
+        return StormSettings()
+    kwargs: dict[str, Any] = {}
+    before = len(problems)
+    for key, value in raw.items():
+        name = f"{where}.{key}"
+        if key == "enabled":
+            if (problem := _field_problem(value, bool, name)) is not None:
+                problems.append(problem)
+            kwargs[key] = value
+        elif key == "threshold_percent":
+            number = _number(value, name, problems)
+            if number is not None and number > 100:
+                problems.append(f"{name}: must be at most 100, got {value}")
+            kwargs[key] = number
+        elif key == "min_nodes":
+            kwargs[key] = _count(value, name, problems)
+        elif key in ("window_seconds", "cooldown_seconds"):
+            kwargs[key] = _number(value, name, problems, minimum=1.0 if key == "window_seconds" else 0.0)
+        else:
+            problems.append(f"{name}: unknown field (known: {', '.join(_STORM_FIELDS)})")
+    return StormSettings(**kwargs) if len(problems) == before else StormSettings()
+
+
+_SAFETY_FIELDS = (
+    "max_disrupted_nodes",
+    "max_disrupted_percent",
+    "opt_out_label",
+    "rate_limits",
+    "storm_breaker",
+)
 
 
 def _parse_safety(raw: Any, problems: list[str]) -> SafetySettings:
@@ -344,20 +460,30 @@ def _parse_safety(raw: Any, problems: list[str]) -> SafetySettings:
         problems.append(f"safety: expected a mapping, got {type(raw).__name__}")
         return SafetySettings()
     kwargs: dict[str, Any] = {}
+    before = len(problems)
     for key, value in raw.items():
+        name = f"safety.{key}"
         if key == "max_disrupted_nodes":
-            problem = _field_problem(value, int, "safety.max_disrupted_nodes")
-            if problem is None and value < 0:
-                problem = f"safety.max_disrupted_nodes: must not be negative, got {value}"
+            kwargs[key] = _count(value, name, problems)
+        elif key == "max_disrupted_percent":
+            percent = _number(value, name, problems)
+            if percent is not None and percent > 100:
+                problems.append(f"{name}: must be at most 100, got {value}")
+            kwargs[key] = percent
         elif key == "opt_out_label":
-            problem = _field_problem(value, str, "safety.opt_out_label")
-        else:
-            problem = f"safety.{key}: unknown field (known: max_disrupted_nodes, opt_out_label)"
-        if problem:
-            problems.append(problem)
-        else:
+            problem = _field_problem(value, str, name)
+            if problem is None and not value:
+                problem = f"{name}: must not be empty"
+            if problem:
+                problems.append(problem)
             kwargs[key] = value
-    return SafetySettings(**kwargs)
+        elif key == "rate_limits":
+            kwargs[key] = _parse_rate_limits(value, problems)
+        elif key == "storm_breaker":
+            kwargs[key] = _parse_storm(value, problems)
+        else:
+            problems.append(f"{name}: unknown field (known: {', '.join(_SAFETY_FIELDS)})")
+    return SafetySettings(**kwargs) if len(problems) == before else SafetySettings()
 
 
 _RULE_FIELDS = ("name", "match", "actions", "on_resolved", "dry_run")

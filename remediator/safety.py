@@ -1,20 +1,63 @@
 """Safety gates between a decision and an action (pure; time comes from an injected clock).
 
-Gates implement the `Gate` Protocol: the engine asks every gate before a disruptive action (cordon,
-taint, drain, instance replacement) and tells them when the action went ahead or the node was given
-back. This issue ships the disruption budget; the storm breaker and rate limits of later issues are
-further `Gate`s, and persistence (node annotations / a Lease) replaces the in-memory bookkeeping.
+The gates, in the order the engine asks them:
+
+- `PauseSwitch`: a global stop, switched over HTTP (`POST /pause`, `POST /resume`) or at start-up.
+- `StormBreaker`: when more than X% of the eligible nodes alert within a window, stop acting until
+  the alerting fraction has stayed below the threshold for a cooldown; it resets by itself.
+- `RateLimiter`: at most N actions of a kind per sliding window.
+- `DisruptionBudget`: at most N nodes, or P% of the eligible nodes, disrupted by this service at once.
+
+Every gate can write its state to and read it from a JSON-able mapping (remediator/state.py puts
+them together into the document the cluster keeps), so budgets and the breaker survive restarts.
+Nothing here imports aiohttp, kubernetes or boto3.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Protocol
+import logging
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from remediator.cluster import Node
 
 CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
+logger = logging.getLogger("remediator.safety")
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """At most `max_actions` actions of one kind per sliding window."""
+
+    max_actions: int
+    """Actions allowed per window (0 defers every action of the kind)."""
+    window_seconds: float
+    """Window length, seconds."""
+
+
+@dataclass(frozen=True)
+class StormSettings:
+    """The storm breaker's `safety.storm_breaker` section."""
+
+    enabled: bool = True
+    """False turns the breaker off (not recommended)."""
+    threshold_percent: float = 30.0
+    """The breaker opens when MORE than this share of the eligible nodes alert within the window.
+    Default 30%: EKS auto repair pauses above 20% of a group; 30% leaves room for a bad rack."""
+    min_nodes: int = 3
+    """...and at least this many nodes alert: in a 4-node cluster one broken node is 25%, which is
+    a fault, not a storm. Default 3."""
+    window_seconds: float = 600.0
+    """A node counts as alerting for this long after the last firing alert naming it arrived (resends
+    refresh it; a resolved alert removes it). Default 10 minutes."""
+    cooldown_seconds: float = 900.0
+    """After a trip, the fraction must stay below the threshold this long before the breaker closes by
+    itself. Default 15 minutes."""
 
 
 @dataclass(frozen=True)
@@ -22,11 +65,18 @@ class SafetySettings:
     """The policy's `safety:` section."""
 
     max_disrupted_nodes: int = 2
-    """How many nodes this service may hold disrupted (cordoned, tainted, drained) at once. Default 2:
-    enough to take a broken node out while another is still draining, too few for a faulty rule to
-    empty a cluster (draino #54, #89)."""
+    """How many nodes this service may hold disrupted (cordoned, tainted, drained, replaced) at once.
+    Default 2: enough to take a broken node out while another is still draining, too few for a faulty
+    rule to empty a cluster (draino #54, #89)."""
+    max_disrupted_percent: float | None = None
+    """Optionally also at most this share of the eligible nodes, rounded down (so 10% of 15 nodes is
+    1). The smaller of the two limits applies. Default: no percentage limit."""
     opt_out_label: str = "accel-health.io/opt-out"
     """Nodes carrying this label with value "true" are never acted on."""
+    rate_limits: Mapping[str, RateLimit] = field(default_factory=dict)
+    """Per action type (cordon, drain, ...): at most N per window. Default: none."""
+    storm_breaker: StormSettings = field(default_factory=StormSettings)
+    """The storm breaker."""
 
 
 @dataclass(frozen=True)
@@ -41,80 +91,406 @@ class Verdict:
     """Why, in words."""
 
 
-class Gate(Protocol):
-    """Something that can hold back a disruptive action on a node."""
-
-    name: str
-
-    def check(self, node: str) -> Verdict:
-        """May a disruptive action on `node` go ahead now?"""
-        ...
-
-    def commit(self, node: str) -> None:
-        """A disruptive action on `node` went ahead (or would have, in dry-run)."""
-        ...
-
-    def release(self, node: str) -> bool:
-        """`node` is no longer disrupted by this service; True when it was."""
-        ...
-
-
 def protected_reason(node: Node, settings: SafetySettings) -> str | None:
     """Why the node must never be acted on, or None."""
     for label in CONTROL_PLANE_LABELS:
         if label in node.labels:
             return f"control-plane node (label {label}); never remediated automatically"
+    for taint in node.taints:
+        if taint.key in CONTROL_PLANE_LABELS:
+            return f"control-plane node (taint {taint.key}); never remediated automatically"
     if node.labels.get(settings.opt_out_label, "").lower() == "true":
         return f"node opted out (label {settings.opt_out_label}=true)"
     return None
 
 
+def eligible_count(nodes: Iterable[Node], settings: SafetySettings) -> int:
+    """Nodes the service may act on at all: the denominator of percentages."""
+    return sum(1 for n in nodes if protected_reason(n, settings) is None)
+
+
+def _float(doc: Mapping[str, Any], key: str, default: float | None = None) -> float:
+    value = doc.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{key}: expected a number, got {value!r}")
+    return float(value)
+
+
+# -- pause -------------------------------------------------------------------------------------
+
+
+class PauseSwitch:
+    """Global stop: while paused, every action is deferred (gate "pause")."""
+
+    name = "pause"
+
+    def __init__(self, *, clock: Clock) -> None:
+        self._clock = clock
+        self.paused = False
+        self.since = 0.0
+        self.reason = ""
+
+    def pause(self, reason: str) -> None:
+        if not self.paused:
+            self.since = self._clock()
+        self.paused = True
+        self.reason = reason
+        logger.warning("remediation PAUSED: %s", reason)
+
+    def resume(self) -> bool:
+        """True when it was paused."""
+        was = self.paused
+        self.paused = False
+        self.reason = ""
+        if was:
+            logger.warning("remediation resumed")
+        return was
+
+    def check(self) -> Verdict:
+        if not self.paused:
+            return Verdict(True, self.name, "not paused")
+        for_s = self._clock() - self.since
+        return Verdict(
+            False,
+            self.name,
+            f"remediation paused {for_s:.0f}s ago ({self.reason}); POST /resume to continue; "
+            "re-evaluated when Alertmanager resends",
+        )
+
+    def to_state(self) -> dict[str, Any]:
+        return {"paused": self.paused, "since": self.since, "reason": self.reason}
+
+    def load_state(self, doc: Mapping[str, Any]) -> None:
+        paused = doc.get("paused", False)
+        if not isinstance(paused, bool):
+            raise ValueError(f"paused: expected true or false, got {paused!r}")
+        self.paused = paused
+        self.since = _float(doc, "since", 0.0)
+        self.reason = str(doc.get("reason", ""))
+
+
+# -- storm breaker -----------------------------------------------------------------------------
+
+
+class StormBreaker:
+    """Opens when too many eligible nodes alert at once; closes by itself after a calm cooldown.
+
+    `observe_firing` / `observe_resolved` feed it every alert that would lead to an action; `evaluate`
+    (called on every delivery, every check and every metrics scrape) moves it between closed and open.
+    While open, every action for a firing alert is deferred (gate "breaker").
+    """
+
+    name = "breaker"
+
+    def __init__(self, *, settings: StormSettings, clock: Clock) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._alerting: dict[str, dict[str, float]] = {}  # node -> fingerprint -> last seen
+        self._next_expiry = math.inf  # no entry is older than this: pruning before it finds nothing
+        self.open = False
+        self.opened_at = 0.0
+        self.below_since: float | None = None
+        self.trips = 0
+        self.eligible = 0
+        """Eligible nodes at the last evaluation."""
+
+    def observe_firing(self, node: str, fingerprint: str) -> None:
+        now = self._clock()
+        self._alerting.setdefault(node, {})[fingerprint] = now
+        self._next_expiry = min(self._next_expiry, now)
+
+    def observe_resolved(self, node: str, fingerprint: str) -> bool:
+        """Forget a resolved alert; True when it was counted."""
+        seen = self._alerting.get(node)
+        if seen is None or seen.pop(fingerprint, None) is None:
+            return False
+        if not seen:
+            del self._alerting[node]
+        return True
+
+    def _prune(self, now: float) -> None:
+        horizon = now - self.settings.window_seconds
+        if self._next_expiry > horizon:
+            return  # nothing can have expired: keeps a 1,000-alert delivery linear
+        oldest = math.inf
+        for node in list(self._alerting):
+            seen = {fp: t for fp, t in self._alerting[node].items() if t > horizon}
+            if seen:
+                self._alerting[node] = seen
+                oldest = min(oldest, *seen.values())
+            else:
+                del self._alerting[node]
+        self._next_expiry = oldest
+
+    @property
+    def alerting(self) -> int:
+        """Nodes alerting within the window (as of the last evaluation)."""
+        return len(self._alerting)
+
+    def _above(self) -> bool:
+        count = len(self._alerting)
+        return count >= self.settings.min_nodes and count * 100 > self.settings.threshold_percent * max(
+            self.eligible, 0
+        )
+
+    def evaluate(self, eligible: int | None = None) -> bool:
+        """Update the state; True when it changed (opened or closed)."""
+        if not self.settings.enabled:
+            return False
+        now = self._clock()
+        if eligible is not None:
+            self.eligible = eligible
+        self._prune(now)
+        if self._above():
+            self.below_since = None
+            if not self.open:
+                self.open = True
+                self.opened_at = now
+                self.trips += 1
+                logger.error(
+                    "STORM BREAKER OPEN: %d of %d eligible nodes alerted within %.0fs (threshold %g%%); "
+                    "no action runs until the fraction stays below the threshold for %.0fs",
+                    self.alerting,
+                    self.eligible,
+                    self.settings.window_seconds,
+                    self.settings.threshold_percent,
+                    self.settings.cooldown_seconds,
+                )
+                return True
+            return False
+        if not self.open:
+            return False
+        if self.below_since is None:
+            self.below_since = now
+        if now - self.below_since >= self.settings.cooldown_seconds:
+            self.open = False
+            self.below_since = None
+            logger.warning(
+                "storm breaker closed: alerting fraction below %g%% for %.0fs; acting again",
+                self.settings.threshold_percent,
+                self.settings.cooldown_seconds,
+            )
+            return True
+        return False
+
+    def describe(self) -> str:
+        share = 100.0 * self.alerting / self.eligible if self.eligible else 0.0
+        state = "OPEN" if self.open else "closed"
+        text = (
+            f"storm breaker {state}: {self.alerting} of {self.eligible} eligible nodes alerting within "
+            f"{self.settings.window_seconds:.0f}s ({share:.0f}%; opens above "
+            f"{self.settings.threshold_percent:g}% and at least {self.settings.min_nodes} nodes)"
+        )
+        if self.open:
+            now = self._clock()
+            if self.below_since is None:
+                text += f"; open for {now - self.opened_at:.0f}s, fraction still above the threshold"
+            else:
+                left = self.settings.cooldown_seconds - (now - self.below_since)
+                text += f"; below the threshold for {now - self.below_since:.0f}s, closes in {left:.0f}s"
+        return text
+
+    def check(self) -> Verdict:
+        self.evaluate()
+        if not self.open:
+            return Verdict(True, self.name, self.describe())
+        return Verdict(False, self.name, self.describe() + "; re-evaluated when Alertmanager resends")
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "open": self.open,
+            "opened_at": self.opened_at,
+            "below_since": self.below_since,
+            "trips": self.trips,
+            "eligible": self.eligible,
+            "alerting": {node: dict(seen) for node, seen in self._alerting.items()},
+        }
+
+    def load_state(self, doc: Mapping[str, Any]) -> None:
+        is_open = doc.get("open", False)
+        if not isinstance(is_open, bool):
+            raise ValueError(f"open: expected true or false, got {is_open!r}")
+        alerting = doc.get("alerting", {})
+        if not isinstance(alerting, Mapping):
+            raise ValueError("alerting: expected a mapping of node -> fingerprint -> time")
+        loaded: dict[str, dict[str, float]] = {}
+        for node, seen in alerting.items():
+            if not isinstance(seen, Mapping):
+                raise ValueError(f"alerting.{node}: expected a mapping of fingerprint -> time")
+            loaded[str(node)] = {str(fp): _float(seen, fp) for fp in seen}
+        trips = doc.get("trips", 0)
+        eligible = doc.get("eligible", 0)
+        if not isinstance(trips, int) or not isinstance(eligible, int):
+            raise ValueError("trips and eligible: expected integers")
+        self.open = is_open
+        self.opened_at = _float(doc, "opened_at", 0.0)
+        below = doc.get("below_since")
+        self.below_since = None if below is None else _float(doc, "below_since")
+        self.trips = trips
+        self.eligible = eligible
+        self._alerting = loaded
+        self._next_expiry = min((t for seen in loaded.values() for t in seen.values()), default=math.inf)
+
+
+# -- rate limits -------------------------------------------------------------------------------
+
+
+class RateLimiter:
+    """At most `max_actions` per action kind within a sliding window."""
+
+    name = "rate_limit"
+
+    def __init__(self, *, limits: Mapping[str, RateLimit], clock: Clock) -> None:
+        self._limits = dict(limits)
+        self._clock = clock
+        self._times: dict[str, deque[float]] = {kind: deque() for kind in self._limits}
+
+    def _prune(self, kind: str) -> deque[float]:
+        times = self._times[kind]
+        horizon = self._clock() - self._limits[kind].window_seconds
+        while times and times[0] <= horizon:
+            times.popleft()
+        return times
+
+    def check(self, kind: str) -> Verdict:
+        limit = self._limits.get(kind)
+        if limit is None:
+            return Verdict(True, self.name, f"no rate limit for {kind}")
+        times = self._prune(kind)
+        if len(times) < limit.max_actions:
+            return Verdict(
+                True,
+                self.name,
+                f"{len(times) + 1} of {limit.max_actions} {kind} actions per {limit.window_seconds:g}s",
+            )
+        wait = times[0] + limit.window_seconds - self._clock() if times else limit.window_seconds
+        return Verdict(
+            False,
+            self.name,
+            f"rate limit: {len(times)} of {limit.max_actions} {kind} actions within "
+            f"{limit.window_seconds:g}s already; a slot frees in {wait:.0f}s; "
+            "re-evaluated when Alertmanager resends",
+        )
+
+    def commit(self, kind: str) -> None:
+        if kind in self._limits:
+            self._prune(kind).append(self._clock())
+
+    def usage(self) -> dict[str, int]:
+        """Actions counted in the current window, per limited kind."""
+        return {kind: len(self._prune(kind)) for kind in self._limits}
+
+    def to_state(self) -> dict[str, Any]:
+        return {kind: list(self._prune(kind)) for kind in self._limits}
+
+    def load_state(self, doc: Mapping[str, Any]) -> None:
+        for kind, times in doc.items():
+            if kind not in self._limits:
+                continue  # the limit was removed from the policy since
+            if not isinstance(times, list):
+                raise ValueError(f"{kind}: expected a list of times")
+            self._times[kind] = deque(sorted(_float({"t": t}, "t") for t in times))
+
+
+# -- disruption budget -------------------------------------------------------------------------
+
+
+@dataclass
+class Hold:
+    """One node counted against the budget."""
+
+    since: float
+    """Clock time when this service started disrupting it."""
+    dry_run: bool
+    """Counted by a dry-run decision (nothing changed on the node; kept in memory only)."""
+    kinds: set[str] = field(default_factory=set)
+    """What was done: cordon, taint, drain, aws_set_unhealthy."""
+
+
 class DisruptionBudget:
-    """At most `max_nodes` nodes disrupted by this service at once (in-memory; persisted later)."""
+    """At most `max_nodes` (and at most `max_percent` of the eligible) nodes disrupted at once."""
 
     name = "budget"
 
-    def __init__(self, *, max_nodes: int, clock: Callable[[], float]) -> None:
+    def __init__(self, *, max_nodes: int, clock: Clock, max_percent: float | None = None) -> None:
         self._max = max_nodes
+        self._percent = max_percent
         self._clock = clock
-        self._since: dict[str, float] = {}
+        self._holds: dict[str, Hold] = {}
+        self.eligible: int | None = None
+        """Eligible nodes, set by the engine before it checks (needed only for max_percent)."""
 
     @property
     def in_use(self) -> int:
         """Nodes currently counted."""
-        return len(self._since)
+        return len(self._holds)
 
     @property
     def capacity(self) -> int:
-        """max_disrupted_nodes"""
-        return self._max
+        """The effective limit: max_disrupted_nodes, or the percentage of eligible nodes if smaller."""
+        if self._percent is None or self.eligible is None:
+            return self._max
+        return min(self._max, math.floor(self._percent * self.eligible / 100.0 + 1e-9))
 
-    def holders(self) -> Mapping[str, float]:
-        """Node -> clock time when this service started disrupting it."""
-        return dict(self._since)
+    def _limit_text(self) -> str:
+        if self._percent is None or self.eligible is None or self.capacity == self._max:
+            return f"{self.capacity}"
+        return f"{self.capacity} ({self._percent:g}% of {self.eligible} eligible nodes, rounded down)"
+
+    def holders(self) -> Mapping[str, Hold]:
+        """Node -> hold."""
+        return dict(self._holds)
 
     def holds(self, node: str) -> bool:
         """True when this service disrupted the node and has not given it back."""
-        return node in self._since
+        return node in self._holds
 
     def check(self, node: str) -> Verdict:
-        if node in self._since:
+        if node in self._holds:
             return Verdict(
-                True, self.name, f"{node} already counted ({self.in_use} of {self._max} nodes in use)"
+                True,
+                self.name,
+                f"{node} already counted ({self.in_use} of {self._limit_text()} nodes in use)",
             )
-        if self.in_use < self._max:
-            return Verdict(True, self.name, f"{self.in_use + 1} of {self._max} nodes in use after this one")
+        if self.in_use < self.capacity:
+            return Verdict(
+                True, self.name, f"{self.in_use + 1} of {self._limit_text()} nodes in use after this one"
+            )
         now = self._clock()
-        held = ", ".join(f"{n} for {now - t:.0f}s" for n, t in sorted(self._since.items()))
+        held = ", ".join(f"{n} for {now - h.since:.0f}s" for n, h in sorted(self._holds.items()))
         return Verdict(
             False,
             self.name,
-            f"disruption budget exhausted: {self.in_use} of {self._max} nodes already disrupted ({held}); "
-            "re-evaluated when Alertmanager resends",
+            f"disruption budget exhausted: {self.in_use} of {self._limit_text()} nodes already disrupted"
+            f"{f' ({held})' if held else ''}; re-evaluated when Alertmanager resends",
         )
 
-    def commit(self, node: str) -> None:
-        self._since.setdefault(node, self._clock())
+    def commit(self, node: str, *, kind: str, dry_run: bool) -> None:
+        hold = self._holds.get(node)
+        if hold is None:
+            hold = self._holds[node] = Hold(since=self._clock(), dry_run=dry_run)
+        elif hold.dry_run and not dry_run:
+            hold.dry_run = False
+        hold.kinds.add(kind)
 
     def release(self, node: str) -> bool:
-        return self._since.pop(node, None) is not None
+        return self._holds.pop(node, None) is not None
+
+    def to_state(self) -> dict[str, Any]:
+        """Holds by real (not dry-run) decisions only."""
+        return {
+            node: {"since": h.since, "kinds": sorted(h.kinds)}
+            for node, h in sorted(self._holds.items())
+            if not h.dry_run
+        }
+
+    def load_state(self, doc: Mapping[str, Any]) -> None:
+        holds = {}
+        for node, raw in doc.items():
+            if not isinstance(raw, Mapping):
+                raise ValueError(f"{node}: expected a mapping with since and kinds")
+            kinds = raw.get("kinds", [])
+            if not isinstance(kinds, list):
+                raise ValueError(f"{node}.kinds: expected a list")
+            holds[str(node)] = Hold(since=_float(raw, "since"), dry_run=False, kinds={str(k) for k in kinds})
+        self._holds = holds

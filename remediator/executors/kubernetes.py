@@ -53,6 +53,7 @@ from remediator.cluster import (
     pod_from_object,
 )
 from remediator.drain import plan_drain
+from remediator.state import StateError
 
 logger = logging.getLogger("remediator.kubernetes")
 
@@ -91,6 +92,10 @@ class ApiError(Exception):
         self.message = message
 
 
+STATE_KEY = "state.json"
+"""The state ConfigMap's data key holding the gate-state document."""
+
+
 @dataclass(frozen=True)
 class KubernetesSettings:
     """How the executor talks to the API server."""
@@ -109,6 +114,10 @@ class KubernetesSettings:
     """First retry delay; doubled per attempt, with jitter."""
     conflict_attempts: int = 8
     """Tries of a read-modify-write on 409 Conflict before giving up."""
+    state_namespace: str = "accel-health"
+    """Namespace of the gate-state ConfigMap (the remediator's own)."""
+    state_configmap: str = "accel-health-remediator-state"
+    """Name of the ConfigMap holding the gate state (budget, breaker, idempotency keys, pause)."""
 
 
 @dataclass(frozen=True)
@@ -436,6 +445,13 @@ class KubernetesCluster:
             field_selector=f"spec.nodeName={node}",
         )
 
+    async def list_nodes(self) -> list[Node]:
+        objs = await self._list_all("list nodes", self._core.list_node_without_preload_content)
+        try:
+            return [node_from_object(o) for o in objs]
+        except ObjectFormatError as exc:
+            raise BackendUnavailable(f"a node has an unexpected shape: {exc}") from exc
+
     async def list_pods(self, node: str) -> list[Pod]:
         try:
             return [pod_from_object(o) for o in await self._pod_objects(node)]
@@ -451,6 +467,67 @@ class KubernetesCluster:
             return [pdb_from_object(o) for o in objs]
         except ObjectFormatError as exc:
             raise BackendUnavailable(f"a PodDisruptionBudget has an unexpected shape: {exc}") from exc
+
+    # -- gate state ----------------------------------------------------------------------------
+
+    async def load_gate_state(self) -> Mapping[str, Any] | None:
+        """The document in the state ConfigMap; None when there is none yet.
+
+        Raises StateError when the ConfigMap holds something that is not a JSON object (the engine
+        then starts paused rather than with an empty budget), BackendUnavailable when unreachable.
+        """
+        name, namespace = self.settings.state_configmap, self.settings.state_namespace
+        try:
+            obj = await self._call(
+                f"read ConfigMap {namespace}/{name}",
+                self._core.read_namespaced_config_map_without_preload_content,
+                name,
+                namespace,
+            )
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise BackendUnavailable(f"Kubernetes API: read ConfigMap {namespace}/{name}: {exc}") from exc
+        text = (obj.get("data") or {}).get(STATE_KEY)
+        if text is None:
+            return None
+        try:
+            document = json.loads(text)
+        except ValueError as exc:
+            raise StateError(f"ConfigMap {namespace}/{name} key {STATE_KEY} is not JSON: {exc}") from exc
+        if not isinstance(document, dict):
+            raise StateError(f"ConfigMap {namespace}/{name} key {STATE_KEY} is not a JSON object")
+        return document
+
+    async def save_gate_state(self, document: Mapping[str, Any]) -> None:
+        """Replaces the state ConfigMap's document, creating the ConfigMap the first time."""
+        name, namespace = self.settings.state_configmap, self.settings.state_namespace
+        self._ensure_leader(f"write ConfigMap {namespace}/{name}")
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {"app.kubernetes.io/managed-by": self.settings.manager},
+            },
+            "data": {STATE_KEY: json.dumps(document, separators=(",", ":"), sort_keys=True)},
+        }
+        what = f"write ConfigMap {namespace}/{name}"
+        try:
+            await self._call(
+                what, self._core.replace_namespaced_config_map_without_preload_content, name, namespace, body
+            )
+            return
+        except ApiError as exc:
+            if exc.status != 404:
+                raise BackendUnavailable(f"Kubernetes API: {what}: {exc}") from exc
+        try:
+            await self._call(
+                what, self._core.create_namespaced_config_map_without_preload_content, namespace, body
+            )
+        except ApiError as exc:
+            raise BackendUnavailable(f"Kubernetes API: {what}: {exc}") from exc
 
     # -- cordon and taints ---------------------------------------------------------------------
 

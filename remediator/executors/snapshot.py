@@ -1,13 +1,17 @@
 """The snapshot backend: a cluster read from `kubectl get nodes,pods,poddisruptionbudgets -A -o yaml`.
 
 Mutations change only the in-memory copy (the file is never written), and every mutating call is
-listed in `mutations`, so tests can assert that a dry run made none. `RecordingAws` is the matching
+listed in `mutations` (gate-state saves are counted in `gate_state_saves`), so tests can assert that
+a dry run made none. The gate-state document is kept
+in memory too (`gate_state`, stored as JSON text, so a second engine over the same backend reads back
+exactly what a Kubernetes object would hold). `RecordingAws` is the matching
 AWS seam: it records calls and calls nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -50,6 +54,10 @@ class SnapshotCluster:
         self.events: list[dict[str, str]] = []
         self.mutations: list[str] = []
         """Every mutating call, e.g. `cordon gpu-node-1`, in order."""
+        self.gate_state: str | None = None
+        """The saved gate-state document, as JSON text."""
+        self.gate_state_saves = 0
+        """How often the gate state was saved (a mutating call not listed in `mutations`)."""
 
     @classmethod
     def from_file(cls, path: Path) -> SnapshotCluster:
@@ -92,6 +100,9 @@ class SnapshotCluster:
     async def get_node(self, name: str) -> Node | None:
         return self.nodes.get(name)
 
+    async def list_nodes(self) -> list[Node]:
+        return list(self.nodes.values())
+
     async def list_pods(self, node: str) -> list[Pod]:
         return [p for p in self.pods.values() if p.node_name == node]
 
@@ -117,6 +128,12 @@ class SnapshotCluster:
         if node in self.nodes:
             kept = tuple(t for t in self.nodes[node].taints if (t.key, t.effect) != (taint.key, taint.effect))
             self._replace_node(node, taints=(*kept, taint))
+
+    async def remove_taint(self, node: str, taint: Taint) -> None:
+        self.mutations.append(f"untaint {node} {taint.key}:{taint.effect}")
+        if node in self.nodes:
+            kept = tuple(t for t in self.nodes[node].taints if (t.key, t.effect) != (taint.key, taint.effect))
+            self._replace_node(node, taints=kept)
 
     async def set_condition(self, node: str, condition: NodeCondition) -> None:
         self.mutations.append(f"condition {node} {condition.type}={condition.status}")
@@ -149,6 +166,18 @@ class SnapshotCluster:
             )
         del self.pods[(namespace, name)]
         return EvictionResult.EVICTED
+
+    # -- gate state ------------------------------------------------------------------------------
+
+    async def load_gate_state(self) -> Mapping[str, Any] | None:
+        if self.gate_state is None:
+            return None
+        doc: Mapping[str, Any] = json.loads(self.gate_state)
+        return doc
+
+    async def save_gate_state(self, document: Mapping[str, Any]) -> None:
+        self.gate_state_saves += 1
+        self.gate_state = json.dumps(document, sort_keys=True)
 
 
 class RecordingAws:

@@ -1,10 +1,12 @@
-"""Shared helpers for the remediator tests: the example snapshot and payloads, and an app builder."""
+"""Shared helpers for the remediator tests: the example snapshot and payloads, a cluster that counts
+the calls made through the Cluster seam, an injected clock, and an app builder."""
 
 from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from remediator.app import create_app
+from remediator.cluster import EvictionResult, Node, NodeCondition, Pod, PodDisruptionBudget, Taint
 from remediator.engine import Engine, EngineSettings
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster
 from remediator.policy import Policy, load_policy
@@ -32,22 +35,122 @@ def payload(name: str) -> dict[str, Any]:
     return copy.deepcopy(loaded)
 
 
+MUTATING = frozenset(
+    {
+        "cordon",
+        "uncordon",
+        "add_taint",
+        "remove_taint",
+        "set_condition",
+        "record_event",
+        "evict_pod",
+        "save_gate_state",
+    }
+)
+
+
+class FakeClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class CountingCluster:
+    """The Cluster seam, counting every call by method name before handing it to a snapshot."""
+
+    def __init__(self, inner: SnapshotCluster) -> None:
+        self.inner = inner
+        self.calls: Counter[str] = Counter()
+
+    @property
+    def mutating_calls(self) -> int:
+        return sum(n for name, n in self.calls.items() if name in MUTATING)
+
+    async def get_node(self, name: str) -> Node | None:
+        self.calls["get_node"] += 1
+        return await self.inner.get_node(name)
+
+    async def list_nodes(self) -> list[Node]:
+        self.calls["list_nodes"] += 1
+        return await self.inner.list_nodes()
+
+    async def list_pods(self, node: str) -> list[Pod]:
+        self.calls["list_pods"] += 1
+        return await self.inner.list_pods(node)
+
+    async def list_pdbs(self) -> list[PodDisruptionBudget]:
+        self.calls["list_pdbs"] += 1
+        return await self.inner.list_pdbs()
+
+    async def cordon(self, node: str) -> None:
+        self.calls["cordon"] += 1
+        await self.inner.cordon(node)
+
+    async def uncordon(self, node: str) -> None:
+        self.calls["uncordon"] += 1
+        await self.inner.uncordon(node)
+
+    async def add_taint(self, node: str, taint: Taint) -> None:
+        self.calls["add_taint"] += 1
+        await self.inner.add_taint(node, taint)
+
+    async def remove_taint(self, node: str, taint: Taint) -> None:
+        self.calls["remove_taint"] += 1
+        await self.inner.remove_taint(node, taint)
+
+    async def set_condition(self, node: str, condition: NodeCondition) -> None:
+        self.calls["set_condition"] += 1
+        await self.inner.set_condition(node, condition)
+
+    async def record_event(self, *, node: str, reason: str, message: str, type_: str) -> None:
+        self.calls["record_event"] += 1
+        await self.inner.record_event(node=node, reason=reason, message=message, type_=type_)
+
+    async def evict_pod(
+        self, *, namespace: str, name: str, grace_period_seconds: int | None
+    ) -> EvictionResult:
+        self.calls["evict_pod"] += 1
+        return await self.inner.evict_pod(
+            namespace=namespace, name=name, grace_period_seconds=grace_period_seconds
+        )
+
+    async def load_gate_state(self) -> Mapping[str, Any] | None:
+        self.calls["load_gate_state"] += 1
+        return await self.inner.load_gate_state()
+
+    async def save_gate_state(self, document: Mapping[str, Any]) -> None:
+        self.calls["save_gate_state"] += 1
+        await self.inner.save_gate_state(document)
+
+
 class Service:
     """An engine over the example snapshot, plus the app serving it."""
 
     def __init__(
-        self, *, dry_run: bool, policy: Policy | None = None, clock: Callable[[], float] = lambda: 1000.0
+        self,
+        *,
+        dry_run: bool,
+        policy: Policy | None = None,
+        clock: Callable[[], float] | None = None,
+        cluster: SnapshotCluster | None = None,
+        basic_auth: tuple[str, str] | None = None,
     ):
-        self.cluster = SnapshotCluster.from_file(SNAPSHOT)
+        self.cluster = cluster if cluster is not None else SnapshotCluster.from_file(SNAPSHOT)
+        self.counting = CountingCluster(self.cluster)
         self.aws = RecordingAws()
+        self.clock = clock if clock is not None else FakeClock()
         self.engine = Engine(
             policy=policy or load_policy(),
-            cluster=self.cluster,
+            cluster=self.counting,
             aws=self.aws,
             settings=EngineSettings(dry_run=dry_run),
-            clock=clock,
+            clock=self.clock,
         )
-        self.app = create_app(engine=self.engine, token=TOKEN)
+        self.app = create_app(engine=self.engine, token=TOKEN, basic_auth=basic_auth)
 
 
 @pytest.fixture

@@ -42,6 +42,7 @@ SERVED: dict[tuple[str, str, str], bool] = {
     ("", "v1", "events"): True,
     ("policy", "v1", "poddisruptionbudgets"): True,
     ("coordination.k8s.io", "v1", "leases"): True,
+    ("", "v1", "configmaps"): True,
 }
 KINDS = {
     "nodes": "Node",
@@ -49,6 +50,7 @@ KINDS = {
     "events": "Event",
     "poddisruptionbudgets": "PodDisruptionBudget",
     "leases": "Lease",
+    "configmaps": "ConfigMap",
 }
 
 Key = tuple[str, str, str]  # (plural, namespace or "", name)

@@ -3,12 +3,15 @@ and, when it starts, logs where it listens and exits 0 on SIGTERM."""
 
 from __future__ import annotations
 
+import http.client
+import json
+import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,9 @@ def test_explain_prints_rule_gates_and_what_happens_to_which_pods(capsys: pytest
     assert "rule 'drain' (rules[0]) matched: remediation=\"drain\"" in out
     assert "protected-node check: passed" in out
     assert "budget: 1 of 2 nodes" in out
+    assert "pause: off" in out
+    assert "storm breaker closed: 1 of 3 eligible nodes alerting" in out
+    assert "gates afterwards: budget 1 of 2 nodes" in out
     assert "-> cordon: planned" in out
     assert "evict   ml-team/llama-pretrain-worker-0  (PyTorchJob/llama-pretrain)" in out
     assert (
@@ -97,6 +103,26 @@ def _free_port() -> int:
         return port
 
 
+def test_serve_refuses_contradicting_or_broken_auth_and_tls_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    basic = tmp_path / "basic"
+    basic.write_text("no-colon\n")
+    snap = f"--cluster-snapshot={SNAPSHOT}"
+    cases = {
+        ("--insecure-no-auth", f"--token-file={token}", snap): "contradicts",
+        (f"--basic-auth-file={basic}", snap): "expected USER:PASSWORD",
+        (f"--token-file={token}", f"--tls-cert-file={token}", snap): "go together",
+        (f"--token-file={token}", f"--tls-cert-file={token}", f"--tls-key-file={token}", snap): "cannot load",
+        (f"--token-file={token}", "--max-body-bytes=10", snap): "at least 1024",
+    }
+    for argv, message in cases.items():
+        assert main(list(argv)) == 2, argv
+        assert message in capsys.readouterr().err, argv
+
+
 def test_serve_logs_where_it_listens_and_exits_cleanly_on_sigterm(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret\n")
@@ -108,15 +134,7 @@ def test_serve_logs_where_it_listens_and_exits_cleanly_on_sigterm(tmp_path: Path
         text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as resp:
-                    assert resp.status == 200
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "remediator did not become ready"
-                time.sleep(0.05)
+        _wait_ready(port)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=10)
     finally:
@@ -125,3 +143,68 @@ def test_serve_logs_where_it_listens_and_exits_cleanly_on_sigterm(tmp_path: Path
             proc.communicate()
     assert proc.returncode == 0
     assert f"listening on 127.0.0.1:{port} (dry-run)" in err
+
+
+def _get(port: int, path: str, *, context: ssl.SSLContext | None = None, auth: str = "") -> tuple[int, bytes]:
+    conn: http.client.HTTPConnection = (
+        http.client.HTTPSConnection("127.0.0.1", port, timeout=2, context=context)
+        if context is not None
+        else http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    )
+    try:
+        conn.request("GET", path, headers={"Authorization": auth} if auth else {})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def _wait_ready(port: int, context: ssl.SSLContext | None = None) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            if _get(port, "/readyz", context=context)[0] == 200:
+                return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "remediator did not become ready"
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl to make a test certificate")
+def test_serve_speaks_tls_with_basic_auth_and_can_start_paused(tmp_path: Path) -> None:
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(
+        [str(shutil.which("openssl")), "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    basic = tmp_path / "basic"
+    basic.write_text("alertmanager:pa55\n")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "remediator.cli", f"--listen=127.0.0.1:{port}",
+         f"--cluster-snapshot={SNAPSHOT}", f"--basic-auth-file={basic}", f"--tls-cert-file={cert}",
+         f"--tls-key-file={key}", "--paused"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    context = ssl.create_default_context(cafile=str(cert))
+    try:
+        _wait_ready(port, context)
+        assert _get(port, "/state", context=context)[0] == 401
+        status, body = _get(port, "/state", context=context, auth="Basic YWxlcnRtYW5hZ2VyOnBhNTU=")
+        assert status == 200  # alertmanager:pa55
+        state = json.loads(body)
+        assert state["paused"] is True
+        assert state["pause_reason"] == "started with --paused"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0
+    assert f"listening on 127.0.0.1:{port} (https)" in err

@@ -7,21 +7,14 @@ to make none.
 
 from __future__ import annotations
 
+import base64
 import io
-import json
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
+from remediator.cluster import BackendUnavailable
+from remediator.executors.snapshot import SnapshotCluster
 from remediator.policy import parse_policy
-from tests.remediator.conftest import AUTH, AiohttpClient, Service, payload
-
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
-    lambda children: st.lists(children) | st.dictionaries(st.text(), children),
-    max_leaves=20,
-)
+from tests.remediator.conftest import AUTH, SNAPSHOT, AiohttpClient, Service, payload
 
 
 async def _actions(client: Any) -> list[dict[str, Any]]:
@@ -139,9 +132,11 @@ async def test_a_drain_waiting_on_a_pdb_is_deferred_and_retried_on_resend(
     await client.post("/alerts", json=body, headers=AUTH)
     await client.post("/alerts", json=body, headers=AUTH)
     records = await _actions(client)
-    assert [r["action"] for r in records] == ["condition", "cordon", "drain", "drain"]
-    assert [r["outcome"] for r in records[2:]] == ["deferred", "deferred"]
-    assert records[2]["gate"] == "pdb"
+    assert [r["action"] for r in records] == ["condition", "cordon", "drain"]
+    assert (records[2]["outcome"], records[2]["gate"]) == ("deferred", "pdb")
+    state = await (await client.get("/state", headers=AUTH)).json()
+    assert [(p["action"], p["gate"], p["evaluations"]) for p in state["pending"]] == [("drain", "pdb", 2)]
+    assert state["deferred"] == {"pdb": 1}
     evictions = [m for m in live_service.cluster.mutations if m.startswith("evict")]
     assert "evict ml-team/llama-pretrain-worker-0" in evictions
     assert "evict ml-team/llama-pretrain-worker-1" not in evictions
@@ -218,10 +213,12 @@ async def test_the_budget_defers_the_third_node_with_gate_budget(aiohttp_client:
     assert [(r["node"], r["outcome"], r["gate"]) for r in records] == [
         ("gpu-node-1", "planned", None),
         ("trn-node-1", "deferred", "budget"),
-        ("trn-node-1", "deferred", "budget"),
     ]
     assert "re-evaluated when Alertmanager resends" in records[1]["reason"]
     assert service.cluster.mutations == []
+    metrics = await (await client.get("/metrics")).text()
+    assert 'accel_remediator_deferred_actions{gate="budget"} 1.0' in metrics
+    assert 'accel_remediator_actions_total{action="cordon",dry_run="true",outcome="deferred"} 1.0' in metrics
 
 
 async def test_a_rule_with_dry_run_only_plans_even_when_the_service_acts(
@@ -236,11 +233,85 @@ async def test_a_rule_with_dry_run_only_plans_even_when_the_service_acts(
     assert service.cluster.mutations == []
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(doc=JSON)
-async def test_no_json_body_ever_yields_a_server_error(
-    aiohttp_client: AiohttpClient, dry_service: Service, doc: object
+async def test_basic_auth_is_accepted_with_the_right_user_and_password_only(
+    aiohttp_client: AiohttpClient,
+) -> None:
+    service = Service(dry_run=True, basic_auth=("alertmanager", "pa:ss"))
+    client = await aiohttp_client(service.app)
+
+    def basic(text: str) -> dict[str, str]:
+        return {"Authorization": "Basic " + base64.b64encode(text.encode()).decode()}
+
+    body = payload("gpu-fatal-xid")
+    assert (await client.post("/alerts", json=body, headers=basic("alertmanager:pa:ss"))).status == 200
+    for wrong in ("alertmanager:pa", "other:pa:ss", "alertmanager", ""):
+        assert (await client.post("/alerts", json=body, headers=basic(wrong))).status == 401
+    bad = {"Authorization": "Basic %%%not-base64"}
+    assert (await client.post("/alerts", json=body, headers=bad)).status == 401
+    assert (await client.post("/alerts", json=body, headers=AUTH)).status == 200  # the token still works
+
+
+async def test_pause_and_resume_over_http_hold_and_release_every_action(
+    aiohttp_client: AiohttpClient, live_service: Service
+) -> None:
+    client = await aiohttp_client(live_service.app)
+    assert (await client.post("/pause")).status == 401
+    resp = await client.post("/pause", json={"reason": "GPU driver rollout"}, headers=AUTH)
+    assert await resp.json() == {"paused": True, "changed": True}
+    await client.post("/alerts", json=payload("gpu-fatal-xid"), headers=AUTH)
+    records = await _actions(client)
+    assert {(r["outcome"], r["gate"]) for r in records} == {("deferred", "pause")}
+    assert "GPU driver rollout" in records[0]["reason"]
+    assert live_service.cluster.mutations == []
+    metrics = await (await client.get("/metrics")).text()
+    assert "accel_remediator_paused 1.0" in metrics
+    assert (await client.post("/pause", data=b"[1]", headers=AUTH)).status == 400
+
+    assert (await (await client.post("/resume", headers=AUTH)).json())["changed"] is True
+    await client.post("/alerts", json=payload("gpu-fatal-xid"), headers=AUTH)
+    assert "cordon gpu-node-1" in live_service.cluster.mutations
+    assert live_service.cluster.gate_state is not None
+    assert '"paused": false' in live_service.cluster.gate_state
+
+
+async def test_state_shows_the_gates_and_needs_credentials(
+    aiohttp_client: AiohttpClient, dry_service: Service
 ) -> None:
     client = await aiohttp_client(dry_service.app)
-    resp = await client.post("/alerts", data=json.dumps(doc), headers=AUTH)
-    assert resp.status in (200, 400)
+    assert (await client.get("/state")).status == 401
+    await client.post("/alerts", json=payload("gpu-fatal-xid"), headers=AUTH)
+    state = await (await client.get("/state", headers=AUTH)).json()
+    assert state["dry_run"] is True
+    assert state["paused"] is False
+    assert state["budget"]["in_use"] == 1
+    assert state["budget"]["capacity"] == 2
+    assert state["budget"]["holders"]["gpu-node-1"]["dry_run"] is True
+    assert state["breaker"]["open"] is False
+    assert state["breaker"]["eligible_nodes"] == 3
+    metrics = await (await client.get("/metrics")).text()
+    for line in (
+        "accel_remediator_breaker_open 0.0",
+        "accel_remediator_breaker_trips_total 0.0",
+        "accel_remediator_nodes_disrupted 1.0",
+        "accel_remediator_disruption_budget_nodes 2.0",
+        "accel_remediator_eligible_nodes 3.0",
+        "accel_remediator_alerting_nodes 1.0",
+    ):
+        assert line in metrics
+
+
+async def test_an_unreachable_cluster_answers_503_so_that_alertmanager_retries(
+    aiohttp_client: AiohttpClient,
+) -> None:
+    class Unreachable(SnapshotCluster):
+        async def get_node(self, name: str) -> Any:
+            raise BackendUnavailable("apiserver: connection refused")
+
+    cluster = Unreachable.from_file(SNAPSHOT)
+    service = Service(dry_run=False, cluster=cluster)
+    client = await aiohttp_client(service.app)
+    resp = await client.post("/alerts", json=payload("gpu-fatal-xid"), headers=AUTH)
+    assert resp.status == 503
+    assert "connection refused" in (await resp.json())["error"]
+    metrics = await (await client.get("/metrics")).text()
+    assert 'accel_remediator_webhooks_total{code="503"} 1.0' in metrics

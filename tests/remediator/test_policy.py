@@ -1,4 +1,5 @@
-"""Policy parsing and validation, Alertmanager matcher semantics, and the shipped default policy."""
+"""Policy parsing and validation (rules, actions, the safety section), Alertmanager matcher semantics,
+and the shipped default policy."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from remediator.policy import (
     Drain,
     Matcher,
     PolicyError,
+    RemoveTaint,
     SetCondition,
     load_policy,
     parse_policy,
 )
+from remediator.safety import RateLimit, StormSettings
 
 GOOD = """
 safety: {max_disrupted_nodes: 3}
@@ -160,3 +163,54 @@ def test_the_default_policy_covers_every_remediation_label_the_alerts_set() -> N
     assert by_label["none"].actions == ()
     assert all(rule.on_resolved == () for rule in policy.rules)
     assert policy.safety.max_disrupted_nodes == 2
+
+
+def test_the_safety_section_loads_budgets_rate_limits_and_the_storm_breaker() -> None:
+    policy = parse_policy(
+        """
+safety:
+  max_disrupted_nodes: 5
+  max_disrupted_percent: 10
+  opt_out_label: example.com/no-remediation
+  rate_limits:
+    drain: {max_actions: 3, window_seconds: 3600}
+  storm_breaker: {threshold_percent: 20, min_nodes: 5, window_seconds: 300, cooldown_seconds: 1800}
+rules:
+  - {name: r, actions: [cordon], on_resolved: [uncordon, {type: untaint, key: k, effect: NoExecute}]}
+"""
+    )
+    safety = policy.safety
+    assert (safety.max_disrupted_nodes, safety.max_disrupted_percent) == (5, 10.0)
+    assert safety.opt_out_label == "example.com/no-remediation"
+    assert safety.rate_limits == {"drain": RateLimit(max_actions=3, window_seconds=3600.0)}
+    assert safety.storm_breaker == StormSettings(
+        threshold_percent=20.0, min_nodes=5, window_seconds=300.0, cooldown_seconds=1800.0
+    )
+    assert policy.rules[0].on_resolved[1] == RemoveTaint(key="k", effect="NoExecute")
+
+
+def test_every_problem_in_the_safety_section_is_named() -> None:
+    message = _problems(
+        """
+safety:
+  max_disrupted_percent: 150
+  rate_limits:
+    reboot: {max_actions: 1, window_seconds: 60}
+    drain: {max_actions: -1}
+  storm_breaker: {threshold_percent: fifty, cooldown: 10}
+  budget: 3
+rules: []
+"""
+    )
+    assert "safety.max_disrupted_percent: must be at most 100, got 150" in message
+    assert "safety.rate_limits.reboot: unknown action type" in message
+    assert "safety.rate_limits.drain.max_actions: must not be negative" in message
+    assert "safety.rate_limits.drain.window_seconds: required" in message
+    assert "safety.storm_breaker.threshold_percent: expected a number, got str 'fifty'" in message
+    assert "safety.storm_breaker.cooldown: unknown field" in message
+    assert "safety.budget: unknown field" in message
+
+
+def test_reversals_are_refused_among_the_firing_actions() -> None:
+    message = _problems("rules:\n  - name: r\n    actions: [untaint]\n")
+    assert "rules[0] (r).actions[0].type: untaint belongs in on_resolved" in message

@@ -1,9 +1,26 @@
-"""The disruption budget (on an injected clock) and the protected-node rules."""
+"""The safety gates on an injected clock: budget (count and percentage), rate limits, the storm
+breaker's trip and self-reset, the pause switch, protected nodes, and the gate-state document."""
 
 from __future__ import annotations
 
-from remediator.cluster import Node
-from remediator.safety import DisruptionBudget, SafetySettings, protected_reason
+import json
+from typing import Any
+
+import pytest
+
+from remediator.cluster import Node, Taint
+from remediator.safety import (
+    DisruptionBudget,
+    PauseSwitch,
+    RateLimit,
+    RateLimiter,
+    SafetySettings,
+    StormBreaker,
+    StormSettings,
+    eligible_count,
+    protected_reason,
+)
+from remediator.state import GateState, StateError
 
 
 class FakeClock:
@@ -16,12 +33,15 @@ class FakeClock:
         return self.now
 
 
+# -- budget ------------------------------------------------------------------------------------
+
+
 def test_the_budget_admits_up_to_its_limit_and_defers_the_next_node() -> None:
     clock = FakeClock()
     budget = DisruptionBudget(max_nodes=2, clock=clock)
     for node in ("a", "b"):
         assert budget.check(node).allowed
-        budget.commit(node)
+        budget.commit(node, kind="cordon", dry_run=False)
     clock.now += 90
     verdict = budget.check("c")
     assert not verdict.allowed
@@ -32,16 +52,16 @@ def test_the_budget_admits_up_to_its_limit_and_defers_the_next_node() -> None:
 
 def test_a_node_already_counted_is_admitted_again_without_using_more_budget() -> None:
     budget = DisruptionBudget(max_nodes=1, clock=FakeClock())
-    budget.commit("a")
+    budget.commit("a", kind="cordon", dry_run=False)
     assert budget.check("a").allowed
-    budget.commit("a")
+    budget.commit("a", kind="drain", dry_run=False)
     assert budget.in_use == 1
+    assert budget.holders()["a"].kinds == {"cordon", "drain"}
 
 
 def test_releasing_a_node_frees_its_slot() -> None:
-    clock = FakeClock()
-    budget = DisruptionBudget(max_nodes=1, clock=clock)
-    budget.commit("a")
+    budget = DisruptionBudget(max_nodes=1, clock=FakeClock())
+    budget.commit("a", kind="cordon", dry_run=False)
     assert not budget.check("b").allowed
     assert budget.release("a") is True
     assert budget.release("a") is False
@@ -51,27 +71,276 @@ def test_releasing_a_node_frees_its_slot() -> None:
 def test_commit_remembers_when_the_disruption_started() -> None:
     clock = FakeClock()
     budget = DisruptionBudget(max_nodes=3, clock=clock)
-    budget.commit("a")
+    budget.commit("a", kind="cordon", dry_run=False)
     clock.now += 5
-    budget.commit("a")
-    assert budget.holders() == {"a": 1_000.0}
+    budget.commit("a", kind="drain", dry_run=False)
+    assert budget.holders()["a"].since == 1_000.0
 
 
 def test_a_zero_budget_defers_everything() -> None:
     assert not DisruptionBudget(max_nodes=0, clock=FakeClock()).check("a").allowed
 
 
-def test_control_plane_and_opted_out_nodes_are_protected() -> None:
+@pytest.mark.parametrize(
+    ("max_nodes", "percent", "eligible", "capacity"),
+    [
+        (10, 10.0, 15, 1),  # 1.5 rounds down
+        (10, 10.0, 9, 0),  # a small cluster gets no percentage budget at all
+        (2, 50.0, 100, 2),  # the count is smaller
+        (10, 30.0, 10, 3),  # exact percentages are not lost to float error
+        (5, None, 1000, 5),
+    ],
+)
+def test_the_effective_budget_is_the_smaller_of_the_count_and_the_percentage_of_eligible_nodes(
+    max_nodes: int, percent: float | None, eligible: int, capacity: int
+) -> None:
+    budget = DisruptionBudget(max_nodes=max_nodes, max_percent=percent, clock=FakeClock())
+    budget.eligible = eligible
+    assert budget.capacity == capacity
+
+
+def test_a_percentage_budget_names_the_percentage_when_it_defers() -> None:
+    budget = DisruptionBudget(max_nodes=10, max_percent=10.0, clock=FakeClock())
+    budget.eligible = 20
+    budget.commit("a", kind="cordon", dry_run=False)
+    budget.commit("b", kind="cordon", dry_run=False)
+    verdict = budget.check("c")
+    assert not verdict.allowed
+    assert "2 of 2 (10% of 20 eligible nodes, rounded down) nodes already disrupted" in verdict.reason
+
+
+# -- rate limits -------------------------------------------------------------------------------
+
+
+def test_the_rate_limit_defers_beyond_n_per_window_and_frees_a_slot_as_the_window_slides() -> None:
+    clock = FakeClock()
+    limiter = RateLimiter(limits={"drain": RateLimit(max_actions=2, window_seconds=3600)}, clock=clock)
+    limiter.commit("drain")
+    clock.now += 600
+    limiter.commit("drain")
+    verdict = limiter.check("drain")
+    assert not verdict.allowed
+    assert verdict.gate == "rate_limit"
+    assert "2 of 2 drain actions within 3600s already; a slot frees in 3000s" in verdict.reason
+    clock.now += 2999
+    assert not limiter.check("drain").allowed
+    clock.now += 1
+    assert limiter.check("drain").allowed
+    assert limiter.usage() == {"drain": 1}
+
+
+def test_kinds_without_a_rate_limit_are_never_held() -> None:
+    limiter = RateLimiter(limits={"drain": RateLimit(max_actions=0, window_seconds=60)}, clock=FakeClock())
+    assert not limiter.check("drain").allowed
+    for _ in range(100):
+        limiter.commit("cordon")
+    assert limiter.check("cordon").allowed
+
+
+# -- storm breaker -----------------------------------------------------------------------------
+
+
+def breaker(clock: FakeClock, **kwargs: Any) -> StormBreaker:
+    settings = StormSettings(
+        **{
+            "threshold_percent": 30.0,
+            "min_nodes": 3,
+            "window_seconds": 600,
+            "cooldown_seconds": 900,
+            **kwargs,
+        }
+    )
+    return StormBreaker(settings=settings, clock=clock)
+
+
+def test_the_breaker_opens_when_more_than_the_threshold_of_eligible_nodes_alert() -> None:
+    clock = FakeClock()
+    b = breaker(clock)
+    for i in range(3):
+        b.observe_firing(f"n{i}", f"fp{i}")
+    assert b.evaluate(eligible=10) is False  # 30% is not MORE than 30%
+    assert b.check().allowed
+    b.observe_firing("n3", "fp3")
+    assert b.evaluate(eligible=10) is True
+    verdict = b.check()
+    assert not verdict.allowed
+    assert verdict.gate == "breaker"
+    assert "storm breaker OPEN: 4 of 10 eligible nodes alerting" in verdict.reason
+    assert b.trips == 1
+
+
+def test_a_single_broken_node_in_a_tiny_cluster_is_a_fault_not_a_storm() -> None:
+    b = breaker(FakeClock())
+    b.observe_firing("n0", "fp0")
+    b.observe_firing("n1", "fp1")
+    b.evaluate(eligible=3)  # 67%, but fewer than min_nodes
+    assert not b.open
+
+
+def test_the_breaker_stays_open_while_alerts_keep_arriving_and_closes_only_after_a_calm_cooldown() -> None:
+    clock = FakeClock()
+    b = breaker(clock)
+    for i in range(5):
+        b.observe_firing(f"n{i}", f"fp{i}")
+    b.evaluate(eligible=10)
+    assert b.open
+    for _ in range(4):  # Alertmanager resends every 5 minutes: the storm is still on
+        clock.now += 300
+        for i in range(5):
+            b.observe_firing(f"n{i}", f"fp{i}")
+        b.evaluate()
+        assert b.open
+    clock.now += 601  # no resend for longer than the window: nothing alerts any more
+    b.evaluate()
+    assert b.open  # below since now, but the cooldown has not passed
+    assert "below the threshold for 0s, closes in 900s" in b.describe()
+    clock.now += 899
+    b.evaluate()
+    assert b.open
+    clock.now += 1
+    assert b.evaluate() is True
+    assert b.check().allowed  # closed by itself
+    assert b.trips == 1
+
+
+def test_alerts_returning_during_the_cooldown_restart_it() -> None:
+    clock = FakeClock()
+    b = breaker(clock)
+    for i in range(4):
+        b.observe_firing(f"n{i}", f"fp{i}")
+    b.evaluate(eligible=10)
+    for i in range(4):
+        b.observe_resolved(f"n{i}", f"fp{i}")
+    b.evaluate()
+    clock.now += 800
+    for i in range(4):
+        b.observe_firing(f"n{i}", f"fp{i}")
+    b.evaluate()
+    clock.now += 200
+    for i in range(4):
+        b.observe_resolved(f"n{i}", f"fp{i}")
+    b.evaluate()
+    clock.now += 899
+    assert b.evaluate() is False
+    assert b.open
+    clock.now += 1
+    assert b.evaluate() is True
+    assert b.trips == 1
+
+
+def test_resolved_alerts_leave_the_alerting_set_only_when_the_node_has_no_other_firing_alert() -> None:
+    b = breaker(FakeClock())
+    b.observe_firing("n0", "a")
+    b.observe_firing("n0", "b")
+    b.observe_resolved("n0", "a")
+    assert b.alerting == 1
+    b.observe_resolved("n0", "b")
+    b.observe_resolved("n-unknown", "x")
+    assert b.alerting == 0
+
+
+def test_nodes_added_by_a_scale_up_lower_the_alerting_fraction() -> None:
+    clock = FakeClock()
+    b = breaker(clock)
+    for i in range(4):
+        b.observe_firing(f"n{i}", f"fp{i}")
+    b.evaluate(eligible=20)  # 20%: a scale-up of 10 new nodes, 4 of them not ready yet
+    assert not b.open
+
+
+def test_a_disabled_breaker_never_opens() -> None:
+    b = breaker(FakeClock(), enabled=False)
+    for i in range(10):
+        b.observe_firing(f"n{i}", f"fp{i}")
+    b.evaluate(eligible=10)
+    assert b.check().allowed
+
+
+# -- pause, protected nodes --------------------------------------------------------------------
+
+
+def test_the_pause_switch_defers_with_its_reason_until_resumed() -> None:
+    clock = FakeClock()
+    switch = PauseSwitch(clock=clock)
+    assert switch.check().allowed
+    switch.pause("maintenance window")
+    clock.now += 30
+    verdict = switch.check()
+    assert not verdict.allowed
+    assert verdict.gate == "pause"
+    assert "paused 30s ago (maintenance window)" in verdict.reason
+    assert switch.resume() is True
+    assert switch.resume() is False
+    assert switch.check().allowed
+
+
+def test_control_plane_and_opted_out_nodes_are_protected_and_not_eligible() -> None:
     settings = SafetySettings()
-    assert "control-plane" in (
-        protected_reason(Node(name="cp", labels={"node-role.kubernetes.io/control-plane": ""}), settings)
-        or ""
-    )
-    assert "control-plane" in (
-        protected_reason(Node(name="m", labels={"node-role.kubernetes.io/master": ""}), settings) or ""
-    )
-    assert "opted out" in (
-        protected_reason(Node(name="o", labels={"accel-health.io/opt-out": "true"}), settings) or ""
-    )
-    assert protected_reason(Node(name="o", labels={"accel-health.io/opt-out": "false"}), settings) is None
-    assert protected_reason(Node(name="gpu"), settings) is None
+    nodes = [
+        Node(name="cp", labels={"node-role.kubernetes.io/control-plane": ""}),
+        Node(name="m", labels={"node-role.kubernetes.io/master": ""}),
+        Node(name="t", taints=(Taint("node-role.kubernetes.io/control-plane", "", "NoSchedule"),)),
+        Node(name="o", labels={"accel-health.io/opt-out": "true"}),
+        Node(name="o2", labels={"accel-health.io/opt-out": "false"}),
+        Node(name="gpu"),
+    ]
+    reasons = {n.name: protected_reason(n, settings) or "" for n in nodes}
+    assert "control-plane" in reasons["cp"]
+    assert "control-plane" in reasons["m"]
+    assert "taint node-role.kubernetes.io/control-plane" in reasons["t"]
+    assert "opted out" in reasons["o"]
+    assert reasons["o2"] == reasons["gpu"] == ""
+    assert eligible_count(nodes, settings) == 2
+
+
+# -- the gate-state document -------------------------------------------------------------------
+
+
+def test_the_gate_state_document_round_trips_through_json_without_dry_run_decisions() -> None:
+    clock = FakeClock()
+    settings = SafetySettings(rate_limits={"drain": RateLimit(max_actions=3, window_seconds=3600)})
+    state = GateState(settings=settings, clock=clock)
+    state.budget.commit("real", kind="drain", dry_run=False)
+    state.budget.commit("planned", kind="cordon", dry_run=True)
+    state.ownership.add_cordon("real", dry_run=False)
+    state.ownership.add_cordon("planned", dry_run=True)
+    state.ownership.add_taint("real", Taint("k", "v", "NoSchedule"), dry_run=False)
+    state.rate.commit("drain")
+    state.decided.add(("fp", "t", "firing", 0, "cordon", False))
+    state.decided.add(("fp", "t", "firing", 0, "cordon", True), persist=False)
+    for i in range(4):
+        state.breaker.observe_firing(f"n{i}", "fp")
+    state.breaker.evaluate(eligible=10)
+    state.pause.pause("test")
+
+    doc = json.loads(json.dumps(state.to_document()))
+    restored = GateState(settings=settings, clock=clock)
+    restored.load_document(doc)
+
+    assert set(restored.budget.holders()) == {"real"}
+    assert restored.budget.holders()["real"].kinds == {"drain"}
+    assert restored.ownership.cordoned == {"real": False}
+    assert restored.ownership.our_taints("real") == [Taint("k", "v", "NoSchedule")]
+    assert restored.rate.usage() == {"drain": 1}
+    assert ("fp", "t", "firing", 0, "cordon", False) in restored.decided
+    assert ("fp", "t", "firing", 0, "cordon", True) not in restored.decided
+    assert restored.breaker.open
+    assert restored.breaker.alerting == 4
+    assert restored.pause.paused
+    assert restored.pause.reason == "test"
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ([], "expected a mapping"),
+        ({"version": 99}, "version: expected 1"),
+        ({"version": 1, "breaker": {"open": "yes"}}, "breaker.open: expected true or false"),
+        ({"version": 1, "budget": {"n": {"since": "x"}}}, "budget.since: expected a number"),
+        ({"version": 1, "cordoned": "n"}, "cordoned: expected a list"),
+        ({"version": 1, "decided": [1]}, "decided: expected strings"),
+    ],
+)
+def test_an_unusable_gate_state_document_is_rejected_naming_the_field(doc: Any, message: str) -> None:
+    with pytest.raises(StateError, match=message):
+        GateState(settings=SafetySettings(), clock=FakeClock()).load_document(doc)

@@ -1,0 +1,200 @@
+"""Gate state: everything the safety gates and reversals must remember across restarts (pure).
+
+One JSON document, kept in the cluster through `Cluster.load_gate_state` / `Cluster.save_gate_state`
+(the snapshot backend keeps it in memory; the Kubernetes executor keeps it in a small object), read
+back at start-up and written after every delivery that changed it:
+
+    {"version": 1,
+     "pause":       {"paused": false, "since": 0, "reason": ""},
+     "breaker":     {"open": false, "opened_at": 0, "below_since": null, "trips": 0, "eligible": 5,
+                     "alerting": {"gpu-node-1": {"<fingerprint>": 1732312800.0}}},
+     "rate_limits": {"drain": [1732312800.0]},
+     "budget":      {"gpu-node-1": {"since": 1732312800.0, "kinds": ["cordon", "drain"]}},
+     "cordoned":    ["gpu-node-1"],
+     "tainted":     {"gpu-node-2": [{"key": "accel-health.io/unhealthy", "value": "true",
+                                     "effect": "NoSchedule"}]},
+     "decided":     ["9f86d081884c7d65", ...]}
+
+Decisions taken in dry-run are remembered in memory only: they never reach the document, so a dry-run
+service writes nothing and a dry-run rule never uses up the real budget.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+from remediator.cluster import Taint
+from remediator.safety import (
+    Clock,
+    DisruptionBudget,
+    PauseSwitch,
+    RateLimiter,
+    SafetySettings,
+    StormBreaker,
+)
+
+STATE_VERSION = 1
+PERSISTED_KEYS = 20_000
+"""Idempotency keys written to the document (16 hex digits each: about 400 KB at most)."""
+
+
+class StateError(ValueError):
+    """The stored gate state cannot be read; the message names the field."""
+
+
+def key_digest(key: Hashable) -> str:
+    """A stable 64-bit digest of an idempotency key (what is stored)."""
+    return hashlib.blake2b(repr(key).encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+
+
+class DecidedKeys:
+    """Idempotency keys already decided, as digests, bounded (oldest forgotten first)."""
+
+    def __init__(self, *, keep: int = 100_000) -> None:
+        self._keys: OrderedDict[str, bool] = OrderedDict()  # digest -> persisted (decided for real)
+        self._keep = keep
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key_digest(key) in self._keys
+
+    def add(self, key: Hashable, *, persist: bool = True) -> None:
+        digest = key_digest(key)
+        self._keys[digest] = persist
+        self._keys.move_to_end(digest)
+        while len(self._keys) > self._keep:
+            self._keys.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def persisted(self, limit: int = PERSISTED_KEYS) -> list[str]:
+        """The newest `limit` real (not dry-run) digests, oldest first."""
+        out: list[str] = []
+        for digest in reversed(self._keys):
+            if self._keys[digest]:
+                out.append(digest)
+                if len(out) >= limit:
+                    break
+        out.reverse()
+        return out
+
+    def load(self, digests: list[Any]) -> None:
+        for digest in digests:
+            if not isinstance(digest, str):
+                raise StateError(f"decided: expected strings, got {digest!r}")
+            self._keys[digest] = True
+            self._keys.move_to_end(digest)
+
+
+class Ownership:
+    """What this service did to nodes that it may undo: cordons and taints (reversal needs this)."""
+
+    def __init__(self) -> None:
+        self.cordoned: dict[str, bool] = {}  # node -> dry_run
+        self.tainted: dict[str, dict[tuple[str, str], tuple[str, bool]]] = {}
+        # node -> (key, effect) -> (value, dry_run)
+
+    def add_cordon(self, node: str, *, dry_run: bool) -> None:
+        if not (node in self.cordoned and not self.cordoned[node]):
+            self.cordoned[node] = dry_run
+
+    def add_taint(self, node: str, taint: Taint, *, dry_run: bool) -> None:
+        self.tainted.setdefault(node, {})[(taint.key, taint.effect)] = (taint.value, dry_run)
+
+    def our_taints(self, node: str) -> list[Taint]:
+        return [Taint(key=k, value=v, effect=e) for (k, e), (v, _) in self.tainted.get(node, {}).items()]
+
+    def drop_taint(self, node: str, taint: Taint) -> None:
+        taints = self.tainted.get(node, {})
+        taints.pop((taint.key, taint.effect), None)
+        if not taints:
+            self.tainted.pop(node, None)
+
+    def forget(self, node: str) -> None:
+        self.cordoned.pop(node, None)
+        self.tainted.pop(node, None)
+
+    def to_state(self) -> tuple[list[str], dict[str, list[dict[str, str]]]]:
+        cordoned = sorted(n for n, dry in self.cordoned.items() if not dry)
+        tainted = {
+            node: [
+                {"key": k, "value": v, "effect": e} for (k, e), (v, dry) in sorted(taints.items()) if not dry
+            ]
+            for node, taints in sorted(self.tainted.items())
+        }
+        return cordoned, {n: t for n, t in tainted.items() if t}
+
+    def load_state(self, cordoned: Any, tainted: Any) -> None:
+        if not isinstance(cordoned, list) or not all(isinstance(n, str) for n in cordoned):
+            raise StateError("cordoned: expected a list of node names")
+        if not isinstance(tainted, Mapping):
+            raise StateError("tainted: expected a mapping of node -> taints")
+        self.cordoned = dict.fromkeys(cordoned, False)
+        self.tainted = {}
+        for node, taints in tainted.items():
+            if not isinstance(taints, list):
+                raise StateError(f"tainted.{node}: expected a list of taints")
+            for i, t in enumerate(taints):
+                if not isinstance(t, Mapping) or not all(
+                    isinstance(t.get(f), str) for f in ("key", "effect")
+                ):
+                    raise StateError(f"tainted.{node}[{i}]: expected {{key, value, effect}}")
+                taint = Taint(key=t["key"], value=str(t.get("value", "")), effect=t["effect"])
+                self.add_taint(str(node), taint, dry_run=False)
+
+
+class GateState:
+    """The gates and the memory behind idempotency and reversal, with the document codec."""
+
+    def __init__(self, *, settings: SafetySettings, clock: Clock) -> None:
+        self.pause = PauseSwitch(clock=clock)
+        self.breaker = StormBreaker(settings=settings.storm_breaker, clock=clock)
+        self.rate = RateLimiter(limits=settings.rate_limits, clock=clock)
+        self.budget = DisruptionBudget(
+            max_nodes=settings.max_disrupted_nodes, max_percent=settings.max_disrupted_percent, clock=clock
+        )
+        self.ownership = Ownership()
+        self.decided = DecidedKeys()
+
+    def to_document(self) -> dict[str, Any]:
+        cordoned, tainted = self.ownership.to_state()
+        return {
+            "version": STATE_VERSION,
+            "pause": self.pause.to_state(),
+            "breaker": self.breaker.to_state(),
+            "rate_limits": self.rate.to_state(),
+            "budget": self.budget.to_state(),
+            "cordoned": cordoned,
+            "tainted": tainted,
+            "decided": self.decided.persisted(),
+        }
+
+    def load_document(self, doc: Any) -> None:
+        """Restore from a document; StateError naming the field when it cannot be used."""
+        if not isinstance(doc, Mapping):
+            raise StateError(f"expected a mapping, got {type(doc).__name__}")
+        if doc.get("version") != STATE_VERSION:
+            raise StateError(f"version: expected {STATE_VERSION}, got {doc.get('version')!r}")
+        for key, part in (("pause", self.pause), ("breaker", self.breaker), ("rate_limits", self.rate)):
+            section = doc.get(key, {})
+            if not isinstance(section, Mapping):
+                raise StateError(f"{key}: expected a mapping")
+            try:
+                part.load_state(section)
+            except ValueError as exc:
+                raise StateError(f"{key}.{exc}") from exc
+        budget = doc.get("budget", {})
+        if not isinstance(budget, Mapping):
+            raise StateError("budget: expected a mapping")
+        try:
+            self.budget.load_state(budget)
+        except ValueError as exc:
+            raise StateError(f"budget.{exc}") from exc
+        self.ownership.load_state(doc.get("cordoned", []), doc.get("tainted", {}))
+        decided = doc.get("decided", [])
+        if not isinstance(decided, list):
+            raise StateError("decided: expected a list")
+        self.decided.load(decided)
