@@ -418,12 +418,11 @@ def test_rbac_grants_exactly_the_listed_permissions_and_no_wildcards(
                 for resource in rule["resources"]:
                     granted.setdefault((group, resource), set()).update(rule["verbs"])
         assert granted == EXPECTED_RBAC[(role["kind"], role["metadata"]["name"])]
-    lease_rules = [
-        r for r in find(objects, "Role", "accel-health-remediator")["rules"] if "leases" in r["resources"]
-    ]
-    assert all(
-        r.get("resourceNames") == ["accel-health-remediator"] for r in lease_rules if r["verbs"] != ["create"]
-    )
+    named = {"leases": ["accel-health-remediator"], "configmaps": ["accel-health-remediator-state"]}
+    for rule in find(objects, "Role", "accel-health-remediator")["rules"]:
+        if rule["verbs"] != ["create"]:  # create cannot name the object it makes
+            [resource] = rule["resources"]
+            assert rule.get("resourceNames") == named[resource], rule
     bindings = [o for o in objects if o["kind"] in {"RoleBinding", "ClusterRoleBinding"}]
     for binding in bindings:
         assert binding["subjects"] == [
