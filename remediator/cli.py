@@ -18,7 +18,7 @@ from kubernetes.aio import client as k8s
 
 from remediator import leader
 from remediator.app import MAX_BODY_BYTES, create_app
-from remediator.cluster import Aws
+from remediator.cluster import Aws, Cluster
 from remediator.engine import AlertPlan, Engine, EngineSettings
 from remediator.executors.aws import AwsExecutor, AwsSettings
 from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings
@@ -198,9 +198,21 @@ def _lease_namespace(args: argparse.Namespace) -> str:
 
 
 def _service_app(
-    args: argparse.Namespace, engine: Engine, *, token: str | None, basic: tuple[str, str] | None
+    args: argparse.Namespace,
+    *,
+    policy: Policy,
+    cluster: Cluster,
+    token: str | None,
+    basic: tuple[str, str] | None,
 ) -> web.Application:
-    """The aiohttp service over ``engine``, with the intake settings and --paused applied."""
+    """The engine over ``cluster`` and its aiohttp service, with the intake settings and --paused."""
+    engine = Engine(
+        policy=policy,
+        cluster=cluster,
+        aws=_aws(args),
+        settings=EngineSettings(dry_run=args.dry_run, node_label=args.node_label),
+        clock=time.time,
+    )
     app = create_app(engine=engine, token=token, basic_auth=basic, max_body_bytes=args.max_body_bytes)
     if args.paused:
 
@@ -241,14 +253,7 @@ async def _kubernetes_app(
         settings=KubernetesSettings(state_namespace=_lease_namespace(args)),
         should_act=(lambda: active.is_leader) if active else (lambda: True),
     )
-    engine = Engine(
-        policy=policy,
-        cluster=cluster,
-        aws=_aws(args),
-        settings=EngineSettings(dry_run=args.dry_run, node_label=args.node_label),
-        clock=time.time,
-    )
-    app = _service_app(args, engine, token=token, basic=basic)
+    app = _service_app(args, policy=policy, cluster=cluster, token=token, basic=basic)
 
     async def close_client(_app: web.Application) -> AsyncIterator[None]:
         yield
@@ -320,14 +325,7 @@ def serve(argv: Sequence[str]) -> int:
     app: web.Application | Coroutine[Any, Any, web.Application]
     if args.cluster_snapshot is not None:
         policy, cluster = _load(args.config, args.cluster_snapshot)
-        engine = Engine(
-            policy=policy,
-            cluster=cluster,
-            aws=_aws(args),
-            settings=EngineSettings(dry_run=args.dry_run, node_label=args.node_label),
-            clock=time.time,
-        )
-        app = _service_app(args, engine, token=token, basic=basic)
+        app = _service_app(args, policy=policy, cluster=cluster, token=token, basic=basic)
         logger.info(
             "cluster backend: snapshot %s (in memory; nothing outside this process changes)", cluster.source
         )
