@@ -22,7 +22,8 @@ from kubernetes.aio import client as k8s
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the fake API server lives in tests/
 
-from remediator.executors.kubernetes import DrainSettings, KubernetesCluster  # noqa: E402  after sys.path
+from remediator.cluster import DrainSettings  # noqa: E402  after sys.path
+from remediator.executors.kubernetes import KubernetesCluster  # noqa: E402  after sys.path
 from tests.remediator.fake_apiserver import node, pod, serve  # noqa: E402  after sys.path
 
 PODS = 110

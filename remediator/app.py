@@ -1,7 +1,7 @@
 """The aiohttp service.
 
     POST /alerts    Alertmanager webhook v4 (auth)        GET /actions   decision records (auth)
-    GET  /state     gates and deferred actions (auth)     POST /pause, POST /resume  the switch (auth)
+    GET  /state     gates, deferred actions, drains (auth)     POST /pause, /resume  the switch (auth)
     GET  /metrics   GET /healthz   GET /readyz
 
 Answers on /alerts: 200 when decided (acted, deferred or ignored), 400 for a body that is not a
@@ -240,7 +240,18 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     app[STATE].ready = True
     yield
     app[STATE].ready = False
+    await engine.stop()  # normally done already, on shutdown
     logger.info("stopping")
+
+
+async def _stop_drains(app: web.Application) -> None:
+    """Cancel the drains running in the background before any cleanup runs.
+
+    On shutdown rather than in the cleanup above: cleanup contexts registered later (the Kubernetes
+    client, the leader Lease) are torn down first, and a drain must stop before its client closes or
+    its Lease is handed back. The executor's annotations let the next delivery resume each drain.
+    """
+    await app[ENGINE].stop()
 
 
 def create_app(
@@ -259,6 +270,7 @@ def create_app(
     app[METRICS] = RemediatorMetrics(status=engine.status)
     engine.subscribe(app[METRICS].observe)
     app.cleanup_ctx.append(_lifecycle)
+    app.on_shutdown.append(_stop_drains)
     app.router.add_post("/alerts", receive_alerts)
     app.router.add_get("/actions", list_actions)
     app.router.add_get("/state", show_state)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-Outcome = Literal["planned", "done", "skipped", "deferred", "ignored", "failed"]
+Outcome = Literal["planned", "started", "done", "skipped", "deferred", "ignored", "failed"]
 
 DEFAULT_KEEP = 1000
 
@@ -42,7 +42,8 @@ class DecisionRecord:
     dry_run: bool
     """True when nothing was (or will be) changed."""
     outcome: Outcome
-    """planned, done, skipped, deferred, ignored or failed."""
+    """planned, started (a drain running in the background: its end gets a record of its own), done,
+    skipped, deferred, ignored or failed."""
     reason: str
     """Why, in words."""
     gate: str | None = None

@@ -1,5 +1,7 @@
 """The cluster as the remediator sees it: small typed views of nodes, pods and PDBs, and the seams.
 
+A drain's settings and outcome live here too (not in an executor), because `Cluster.drain` names them.
+
 `Cluster` and `Aws` are the only ways the decision engine touches the outside world. The snapshot
 backend (executors/snapshot.py) implements both in memory; the Kubernetes and AWS executors of later
 issues implement the same Protocols. This module imports no client library: it is pure data.
@@ -165,6 +167,76 @@ class EvictionResult(enum.Enum):
     GONE = "gone"  # 404
 
 
+@dataclass(frozen=True)
+class DrainSettings:
+    """One drain's knobs (timeout and permissions come from the policy's drain action)."""
+
+    timeout_seconds: float = 600.0
+    """Overall deadline, counted from the drain's first start (kept across restarts)."""
+    grace_period_seconds: int | None = None
+    """DeleteOptions.gracePeriodSeconds of each Eviction; None keeps each pod's own."""
+    delete_emptydir_data: bool = False
+    """Evict pods with emptyDir volumes (their data is lost), like --delete-emptydir-data."""
+    force_bare_pods: bool = False
+    """Evict pods that no controller recreates, like --force."""
+    concurrency: int = 10
+    """Evictions in flight at once."""
+    backoff_initial_seconds: float = 1.0
+    """First wait after a 429 or a transient error; doubles up to backoff_max_seconds (with jitter)."""
+    backoff_max_seconds: float = 10.0
+    """Longest wait between two eviction attempts of one pod (kubectl waits 5 s)."""
+    poll_interval_seconds: float = 1.0
+    """How often the pods left on the node are listed while waiting for evicted pods to go."""
+
+
+@dataclass(frozen=True)
+class BlockedPod:
+    """A pod that kept a drain from finishing, and why."""
+
+    namespace: str
+    """Pod namespace."""
+    name: str
+    """Pod name."""
+    reason: str
+    """The last thing the API said about it, in words."""
+
+    def as_json(self) -> dict[str, str]:
+        return {"namespace": self.namespace, "name": self.name, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class DrainOutcome:
+    """What a drain did."""
+
+    node: str
+    """The node."""
+    completed: bool
+    """True when every pod that had to go is gone (or replaced)."""
+    timed_out: bool
+    """True when the deadline passed with pods left."""
+    evicted: tuple[str, ...]
+    """`namespace/name` of pods evicted and gone."""
+    skipped: tuple[str, ...]
+    """`namespace/name` of pods a drain leaves alone (mirror, DaemonSet)."""
+    blocked: tuple[BlockedPod, ...]
+    """Pods that kept the drain from finishing, each with the reason."""
+    resumed: bool
+    """True when this call continued a drain started earlier (by this or another replica)."""
+    deadline: float
+    """The drain's deadline, Unix seconds."""
+
+    def summary(self) -> str:
+        """One line for logs, decision records and the node's Event."""
+        head = (
+            "drain complete" if self.completed else ("drain timed out" if self.timed_out else "drain refused")
+        )
+        parts = [f"{head}: {len(self.evicted)} evicted, {len(self.skipped)} skipped"]
+        if self.blocked:
+            pods = "; ".join(f"{b.namespace}/{b.name}: {b.reason}" for b in self.blocked)
+            parts.append(f"{len(self.blocked)} blocking: {pods}")
+        return ", ".join(parts)
+
+
 class Cluster(Protocol):
     """Everything the engine reads from or does to Kubernetes. Methods raise BackendUnavailable."""
 
@@ -213,6 +285,17 @@ class Cluster(Protocol):
         self, *, namespace: str, name: str, grace_period_seconds: int | None
     ) -> EvictionResult:
         """Create a policy/v1 Eviction for the pod."""
+        ...
+
+    async def drain(self, node: str, settings: DrainSettings) -> DrainOutcome:
+        """Cordon (if needed) and drain the node like `kubectl drain`, until done or the deadline.
+
+        Pods that need permission the settings do not give (bare pods, emptyDir data) refuse the
+        drain before any eviction (completed and timed_out both false). May take as long as
+        `settings.timeout_seconds`: the engine runs it in the background, never inside a webhook
+        request. A drain interrupted (BackendUnavailable, NotLeader, cancellation) and started again
+        resumes with its original deadline where the backend remembers one.
+        """
         ...
 
     async def load_gate_state(self) -> Mapping[str, Any] | None:

@@ -13,7 +13,20 @@ actions run in order (`on_resolved` ones when the alert resolved), each through,
 6. rate limits per action kind, then the disruption budget (disruptive actions only) -> deferred.
 
 A deferred action is not decided: it is listed in `pending` (GET /state, a gauge) and decided again
-on the next delivery of the alert. Dry-run takes exactly the same path and changes nothing: no call
+on the next delivery of the alert.
+
+A live drain runs in the background (`Cluster.drain` may take as long as the policy's timeout, far
+longer than Alertmanager waits for a webhook answer): one task per node, owned by the engine. Its
+start is recorded as `started`, its end as `done` (every pod gone) or `failed` (deadline passed,
+refused, or interrupted), and when it ends the alert's later actions (e.g. aws_set_unhealthy) are
+decided at once, through the same gates, without waiting for a resend. A resend, or another alert
+for the same node, joins the running drain instead of starting a second one. A drain that ended
+because the deadline passed counts as ended (the later actions run); a drain refused because pods
+need permission (bare pods, emptyDir data) does not: its later disruptive actions are skipped and a
+human decides. An alert that resolves while its drain runs lets the drain finish (a drain is never
+reversed) and its later actions are skipped. A drain interrupted by the backend (unreachable, not the
+leader) or by shutdown is not decided: the next delivery starts it again, and the executor resumes
+it with its original deadline. Dry-run takes exactly the same path and changes nothing: no call
 that mutates the cluster or AWS, no gate-state write. Gate state lives in the cluster (see
 remediator/state.py): read at `start()`, written after each delivery that changed it.
 """
@@ -21,10 +34,12 @@ remediator/state.py): read at `start()`, written after each delivery that change
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from remediator.audit import DecisionLog, DecisionRecord, Outcome
@@ -32,7 +47,8 @@ from remediator.cluster import (
     Aws,
     BackendUnavailable,
     Cluster,
-    EvictionResult,
+    DrainOutcome,
+    DrainSettings,
     Node,
     NodeCondition,
     Taint,
@@ -73,6 +89,9 @@ class EngineSettings:
     the gate state is read but never written."""
     node_label: str = "node"
     """The alert label that names the Kubernetes node."""
+    drain: DrainSettings = field(default_factory=DrainSettings)
+    """How drains evict (concurrency, backoff, polling). The policy's drain action sets the timeout,
+    the grace period and the permissions; those fields here are replaced by the action's."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +165,8 @@ class GateStatus:
     """Action kind -> actions counted in the current window."""
     deferred: Mapping[str, int]
     """Gate -> deferred actions waiting now."""
+    drains: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Node -> the drain running now in the background (since, deadline, alerts)."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -165,6 +186,7 @@ class GateStatus:
             },
             "rate_limits": dict(self.rate_limits),
             "deferred": dict(self.deferred),
+            "drains": {k: dict(v) for k, v in self.drains.items()},
         }
 
 
@@ -177,6 +199,50 @@ class _Context:
     dry_run: bool
     protected: str | None
     incomplete: str | None = None  # the earlier disruptive action that did not complete
+    refused: str | None = None  # why an earlier drain was refused: later disruptive actions are skipped
+    background: bool = False  # decided when a drain ended, not in a webhook request
+
+
+@dataclass
+class _Waiter:
+    """An alert whose drain action is the drain running on its node."""
+
+    key: tuple[Any, ...]
+    """The drain action's idempotency key."""
+    alert: Alert
+    """The firing alert (its later actions are decided for it)."""
+    rule: Rule
+    """The rule that matched it."""
+    index: int
+    """The drain action's index in the rule's actions."""
+    resolved: Alert | None = None
+    """The resolved alert, when it resolved while the drain ran."""
+
+
+@dataclass
+class _RunningDrain:
+    """A drain running in the background, and the alerts waiting for it to end."""
+
+    node: str
+    since: float
+    settings: DrainSettings
+    waiters: dict[tuple[Any, ...], _Waiter] = field(default_factory=dict)
+    task: asyncio.Task[None] | None = None
+    ended: bool = False  # Cluster.drain returned (or raised): only the bookkeeping is left
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "since": datetime.fromtimestamp(self.since, tz=UTC).isoformat(timespec="seconds"),
+            "timeout_seconds": self.settings.timeout_seconds,
+            "alerts": [
+                {
+                    "alertname": w.alert.labels.get("alertname", ""),
+                    "fingerprint": w.alert.fingerprint,
+                    "resolved": w.resolved is not None,
+                }
+                for w in self.waiters.values()
+            ],
+        }
 
 
 @dataclass(frozen=True)
@@ -213,6 +279,9 @@ class Engine:
         self._dirty = False
         self._started = False
         self._reconciled = False  # budget reconciled during the current delivery
+        self._drains: dict[str, _RunningDrain] = {}
+        self._tasks: set[asyncio.Task[None]] = set()  # drains, and the bookkeeping after each
+        self._stopping = False
 
     @property
     def budget(self) -> DisruptionBudget:
@@ -275,6 +344,24 @@ class Engine:
             await self._save()
             return changed
 
+    async def drained(self) -> None:
+        """Wait until no drain runs in the background and the actions after each were decided."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def stop(self) -> None:
+        """Cancel the drains running in the background (service shutdown); idempotent.
+
+        A cancelled drain is not decided: Alertmanager's next delivery (to this service again or to
+        the next leader) starts it again, and the executor resumes it with its original deadline.
+        A drain that already ended still records its end and decides the actions after it.
+        """
+        self._stopping = True
+        for drain in self._drains.values():
+            if drain.task is not None and not drain.ended:
+                drain.task.cancel()
+        await self.drained()
+
     def status(self) -> GateStatus:
         """The gates now (evaluates the breaker on the clock, so a scrape sees it close)."""
         st = self.state
@@ -300,6 +387,7 @@ class Engine:
             },
             rate_limits=st.rate.usage(),
             deferred=deferred,
+            drains={name: running.as_json() for name, running in self._drains.items()},
         )
 
     # -- deliveries --------------------------------------------------------------------------
@@ -403,11 +491,30 @@ class Engine:
             )
         return records
 
+    def _resolve_waiters(self, alert: Alert) -> None:
+        """The alert resolved while its drain runs: the drain finishes, the later actions will not run."""
+        for running in self._drains.values():
+            for waiter in running.waiters.values():
+                same = (waiter.alert.fingerprint, waiter.alert.starts_at) == (
+                    alert.fingerprint,
+                    alert.starts_at,
+                )
+                if same and waiter.resolved is None:
+                    waiter.resolved = alert
+                    logger.info(
+                        "%s: alert %s resolved while its drain runs; the drain finishes, the later "
+                        "actions will not run",
+                        running.node,
+                        alert.fingerprint,
+                    )
+
     async def _handle_alert(self, item: _Observed) -> AlertPlan:
         alert, node_name, rule = item.alert, item.node_name, item.rule
         label = self.settings.node_label
         resolved = alert.status == "resolved"
         dropped = self._drop_pending_of_resolved(alert) if resolved else []
+        if resolved:
+            self._resolve_waiters(alert)
         if not node_name:
             rec = self._ignore(
                 alert, node=None, rule=None, reason=f"alert has no {label!r} label; nothing to act on"
@@ -457,26 +564,31 @@ class Engine:
         return AlertPlan(alert, node_name, rule, tuple(notes), tuple(records))
 
     async def _run_actions(
-        self, ctx: _Context, actions: tuple[Action, ...], notes: list[str]
+        self, ctx: _Context, actions: tuple[Action, ...], notes: list[str], *, start: int = 0
     ) -> list[DecisionRecord]:
         alert, node_name, rule, dry_run = ctx.alert, ctx.node_name, ctx.rule, ctx.dry_run
         records: list[DecisionRecord] = []
         for index, action in enumerate(actions):
+            if index < start:
+                continue
             key = (alert.fingerprint, alert.starts_at, alert.status, index, action.type, dry_run)
             if key in self.state.decided:
                 notes.append(f"{action.type}: already decided for this alert (idempotency)")
                 continue
-            try:
-                result = await self._decide(ctx, action)
-            except BackendUnavailable:
-                raise
-            except Exception as exc:  # a bug or an executor error that retrying will not fix: recorded
-                logger.exception("%s on %s failed", action.type, node_name)
-                result = _Result("failed", f"{type(exc).__name__}: {exc}")
+            running = self._drains.get(node_name)
+            if running is not None and key in running.waiters:
+                notes.append(
+                    f"{action.type}: running in the background since {running.as_json()['since']}; "
+                    "the actions after it are decided when it ends"
+                )
+                break
+            result = await self._decide_guarded(ctx, action)
             if result.gate:
                 notes.append(f"{action.type}: gate {result.gate}: {result.reason}")
             if action.type in DISRUPTIVE and result.outcome in ("deferred", "failed"):
                 ctx.incomplete = ctx.incomplete or action.type
+            if action.type == "drain" and result.outcome == "failed":  # planned refusal (dry-run), error
+                ctx.refused = ctx.refused or f"the drain failed ({result.reason})"
             fields: dict[str, Any] = {
                 "node": node_name,
                 "action": action.type,
@@ -492,11 +604,31 @@ class Engine:
                 if rec is not None:
                     records.append(rec)
                 continue
+            if result.outcome == "started":  # decided when the drain ends, with the actions after it
+                self._drains[node_name].waiters[key] = _Waiter(key=key, alert=alert, rule=rule, index=index)
+                self.pending.pop(key, None)
+                records.append(self._record(alert, **fields))
+                notes.append(f"{action.type}: the actions after it are decided when it ends")
+                break
             self.pending.pop(key, None)
             self.state.decided.add(key, persist=not dry_run)
             self._dirty = self._dirty or not dry_run
             records.append(self._record(alert, **fields))
         return records
+
+    async def _decide_guarded(self, ctx: _Context, action: Action) -> _Result:
+        """`_decide`, with the errors that retrying will not fix recorded as failed."""
+        try:
+            return await self._decide(ctx, action)
+        except BackendUnavailable as exc:
+            if not ctx.background:
+                raise  # the webhook answers 503 and Alertmanager redelivers
+            logger.warning("%s on %s after its drain: %s", action.type, ctx.node_name, exc)
+            why = f"backend unavailable ({exc}); retried when Alertmanager resends"
+            return _Result("deferred", why, gate="unavailable")
+        except Exception as exc:  # a bug or an executor error that retrying will not fix: recorded
+            logger.exception("%s on %s failed", action.type, ctx.node_name)
+            return _Result("failed", f"{type(exc).__name__}: {exc}")
 
     def _defer(self, key: tuple[Any, ...], alert: Alert, fields: dict[str, Any]) -> DecisionRecord | None:
         """Remember a deferred action; a new record only when it is new or another gate holds it."""
@@ -531,10 +663,11 @@ class Engine:
         use up the real budget or rate limits."""
         return not ctx.dry_run or self.settings.dry_run
 
-    async def _gates(self, ctx: _Context, kind: str, node: str) -> _Result | None:
-        """Rate limit, then (disruptive actions) the budget; None when the action may go ahead."""
+    async def _gates(self, ctx: _Context, kind: str, node: str, *, rate: bool = True) -> _Result | None:
+        """Rate limit (unless `rate` is false), then (disruptive actions) the budget; None when the
+        action may go ahead."""
         verdict = self.state.rate.check(kind)
-        if not verdict.allowed:
+        if rate and not verdict.allowed:
             return _Result("deferred", verdict.reason, gate=verdict.gate)
         if kind in DISRUPTIVE:
             verdict = self.state.budget.check(node)
@@ -544,10 +677,11 @@ class Engine:
                 return _Result("deferred", verdict.reason, gate=verdict.gate)
         return None
 
-    def _commit(self, ctx: _Context, kind: str, node: str) -> None:
+    def _commit(self, ctx: _Context, kind: str, node: str, *, rate: bool = True) -> None:
         if not self._counts(ctx):
             return
-        self.state.rate.commit(kind)
+        if rate:
+            self.state.rate.commit(kind)
         if kind in DISRUPTIVE:
             self.state.budget.commit(node, kind=kind, dry_run=ctx.dry_run)
         self._dirty = True
@@ -608,6 +742,8 @@ class Engine:
             return _Result("skipped", f"node {ctx.node_name} not found in the cluster")
         if ctx.protected:
             return _Result("skipped", ctx.protected)
+        if action.type in DISRUPTIVE and ctx.refused:
+            return _Result("skipped", f"{ctx.refused}; not run: a human decides")
         if (verdict := self._gate_verdict(ctx)) is not None:
             return _Result("deferred", verdict.reason, gate=verdict.gate)
         if action.type in DISRUPTIVE and ctx.incomplete:
@@ -668,7 +804,15 @@ class Engine:
         if self._counts(ctx) and self.state.budget.release(node):
             self._dirty = True
 
+    def _draining(self, ctx: _Context, node: str) -> _Result | None:
+        """Reversals wait for nothing and undo nothing while the node drains: a drain is never reversed."""
+        if ctx.dry_run or node not in self._drains:
+            return None
+        return _Result("skipped", "a drain of this node is running; accel-health never reverses a drain")
+
     async def _uncordon(self, ctx: _Context, node: Node) -> _Result:
+        if (draining := self._draining(ctx, node.name)) is not None:
+            return draining
         own = self.state.ownership
         if node.name not in own.cordoned:
             return _Result("skipped", "not cordoned by accel-health; left as it is")
@@ -704,6 +848,8 @@ class Engine:
         return self._done(ctx, f"tainted {text}", would=f"would taint {text}", details={"taint": text})
 
     async def _untaint(self, ctx: _Context, node: Node, action: RemoveTaint) -> _Result:
+        if (draining := self._draining(ctx, node.name)) is not None:
+            return draining
         own = self.state.ownership
         ours = [
             t
@@ -742,7 +888,19 @@ class Engine:
         return self._done(ctx, f"removed taint {text}", would=f"would remove taint {text}")
 
     async def _drain(self, ctx: _Context, node: Node, action: Drain) -> _Result:
-        if (held := await self._gates(ctx, "drain", node.name)) is not None:
+        running = None if ctx.dry_run else self._drains.get(node.name)
+        if running is not None:
+            return _Result(
+                "started",
+                f"joins the drain of {node.name} running since {running.as_json()['since']}; "
+                "its end is recorded here too",
+            )
+        if self._stopping and not ctx.dry_run:
+            raise BackendUnavailable("shutting down; the drain starts with the next delivery")
+        # A drain started before (interrupted, or the process restarted) is resumed, not counted again.
+        hold = self.state.budget.holders().get(node.name)
+        again = not ctx.dry_run and hold is not None and not hold.dry_run and "drain" in hold.kinds
+        if (held := await self._gates(ctx, "drain", node.name, rate=not again)) is not None:
             return held
         pods = await self._cluster.list_pods(node.name)
         pdbs = await self._cluster.list_pdbs()
@@ -758,34 +916,164 @@ class Engine:
                 await self._cluster.cordon(node.name)  # kubectl drain cordons first
             if self._counts(ctx):
                 self.state.ownership.add_cordon(node.name, dry_run=ctx.dry_run)
-        self._commit(ctx, "drain", node.name)
+        self._commit(ctx, "drain", node.name, rate=not again)
         if ctx.dry_run:
             outcome: Outcome = "failed" if plan.needs_permission else "planned"
             return _Result(outcome, plan.summary(dry_run=True), details=details)
-        refused = []
-        for pod in plan.evict:
-            result = await self._cluster.evict_pod(
-                namespace=pod.namespace, name=pod.name, grace_period_seconds=action.grace_period_seconds
-            )
-            if result is EvictionResult.REFUSED_BY_PDB:
-                refused.append(
-                    {"namespace": pod.namespace, "name": pod.name, "reason": "eviction refused (429)"}
+        settings = dataclasses.replace(
+            self.settings.drain,
+            timeout_seconds=float(action.timeout_seconds),
+            grace_period_seconds=action.grace_period_seconds,
+            delete_emptydir_data=action.delete_emptydir_data,
+            force_bare_pods=action.force_bare_pods,
+        )
+        running = _RunningDrain(node=node.name, since=self._clock(), settings=settings)
+        self._drains[node.name] = running
+        running.task = asyncio.create_task(self._run_drain(running), name=f"drain {node.name}")
+        self._tasks.add(running.task)
+        running.task.add_done_callback(self._tasks.discard)
+        return _Result(
+            "started",
+            f"drain started in the background (timeout {action.timeout_seconds}s): "
+            f"{plan.summary(dry_run=False)}; its end is recorded when it comes",
+            details={**details, "timeout_seconds": action.timeout_seconds},
+        )
+
+    async def _run_drain(self, running: _RunningDrain) -> None:
+        """The background task: drain, then record the end and decide each waiting alert's later actions."""
+        outcome: DrainOutcome | None = None
+        error = ""
+        final = True  # decided: a resend does not start it again
+        try:
+            try:
+                outcome = await self._cluster.drain(running.node, running.settings)
+            except BackendUnavailable as exc:  # NotLeader too: the next delivery starts it again
+                logger.warning("drain of %s interrupted: %s", running.node, exc)
+                error, final = f"{type(exc).__name__}: {exc}", False
+            except asyncio.CancelledError:
+                logger.warning(
+                    "drain of %s interrupted by shutdown; the next delivery of its alert resumes it",
+                    running.node,
                 )
-        if refused:
-            details["blocked"] = [*details["blocked"], *refused]
-            details["evict"] = [
-                e
-                for e in details["evict"]
-                if not any(e["name"] == r["name"] and e["namespace"] == r["namespace"] for r in refused)
-            ]
-        summary = plan.summary(dry_run=False)
-        if plan.needs_permission:
-            return _Result("failed", f"{summary}; the rest needs a human", details=details)
-        if plan.waiting_on_pdb or refused:
-            return _Result(
-                "deferred", f"{summary}; retried when Alertmanager resends", gate="pdb", details=details
+                raise
+            except Exception as exc:  # an executor error that retrying will not fix: recorded as failed
+                logger.exception("drain of %s failed", running.node)
+                error = f"{type(exc).__name__}: {exc}"
+            running.ended = True
+            async with self._lock:
+                if self._drains.get(running.node) is running:
+                    del self._drains[running.node]
+                self._reconciled = False
+                try:
+                    for waiter in list(running.waiters.values()):
+                        await self._drain_ended(running, waiter, outcome, error, final=final)
+                finally:
+                    try:
+                        await self._save()
+                    except BackendUnavailable as exc:
+                        logger.warning(
+                            "gate state not saved after the drain of %s (%s); saved with the next delivery",
+                            running.node,
+                            exc,
+                        )
+        finally:
+            if self._drains.get(running.node) is running:
+                del self._drains[running.node]
+
+    async def _drain_ended(
+        self,
+        running: _RunningDrain,
+        waiter: _Waiter,
+        outcome: DrainOutcome | None,
+        error: str,
+        *,
+        final: bool,
+    ) -> None:
+        """Record how the drain ended for one alert, then decide that alert's later actions."""
+        refused: str | None = None
+        details: dict[str, Any] = {}
+        if outcome is None:
+            result: Outcome = "failed"
+            if final:
+                reason = error
+                refused = f"the drain failed ({error})"
+            else:
+                reason = (
+                    f"drain interrupted: {error}; the next delivery of the alert starts it again and it "
+                    "resumes with its original deadline"
+                )
+        else:
+            details = _outcome_details(outcome)
+            reason = outcome.summary() + (" (resumed a drain started earlier)" if outcome.resumed else "")
+            if outcome.completed:
+                result = "done"
+            elif outcome.timed_out:
+                result = "failed"
+                reason += "; the deadline passed: the drain ended, so the actions after it run"
+            else:
+                result = "failed"
+                reason += "; pods need a permission the policy does not give"
+                refused = "the drain was refused (pods need a permission the policy does not give)"
+        if final:
+            self.state.decided.add(waiter.key)
+            self._dirty = True
+        self._record(
+            waiter.resolved or waiter.alert,
+            node=running.node,
+            action="drain",
+            rule=waiter.rule.name,
+            dry_run=False,
+            outcome=result,
+            reason=reason,
+            details=details,
+        )
+        if not final:
+            return
+        if waiter.resolved is not None:
+            self._skip_after_resolved(running.node, waiter)
+            return
+        if waiter.index + 1 >= len(waiter.rule.actions):
+            return
+        try:
+            node = await self._cluster.get_node(running.node)
+        except BackendUnavailable as exc:
+            logger.warning(
+                "%s: the actions after the drain are decided with the next delivery (%s)", running.node, exc
             )
-        return _Result("done", summary, details=details)
+            return
+        ctx = _Context(
+            alert=waiter.alert,
+            node_name=running.node,
+            node=node,
+            rule=waiter.rule,
+            dry_run=False,
+            protected=protected_reason(node, self.policy.safety) if node is not None else None,
+            refused=refused,
+            background=True,
+        )
+        await self._run_actions(ctx, waiter.rule.actions, [], start=waiter.index + 1)
+
+    def _skip_after_resolved(self, node: str, waiter: _Waiter) -> None:
+        alert, resolved = waiter.alert, waiter.resolved
+        assert resolved is not None  # only called for resolved waiters
+        for index, action in enumerate(waiter.rule.actions):
+            if index <= waiter.index:
+                continue
+            key = (alert.fingerprint, alert.starts_at, alert.status, index, action.type, False)
+            if key in self.state.decided:
+                continue
+            self.pending.pop(key, None)
+            self.state.decided.add(key)
+            self._dirty = True
+            self._record(
+                resolved,
+                node=node,
+                action=action.type,
+                rule=waiter.rule.name,
+                dry_run=False,
+                outcome="skipped",
+                reason="alert resolved while the drain ran; not run",
+            )
 
     async def _condition(self, ctx: _Context, node: Node, action: SetCondition) -> _Result:
         status = action.status or ("True" if ctx.alert.status == "resolved" else "False")
@@ -834,6 +1122,9 @@ class Engine:
             return _Result(
                 "skipped", f"no EC2 instance id in spec.providerID ({node.provider_id or 'empty'})"
             )
+        hold = self.state.budget.holders().get(node.name)
+        if hold is not None and "aws_set_unhealthy" in hold.kinds and hold.dry_run == ctx.dry_run:
+            return _Result("skipped", f"{instance} already marked Unhealthy by accel-health")
         if (held := await self._gates(ctx, "aws_set_unhealthy", node.name)) is not None:
             return held
         if not ctx.dry_run:
@@ -860,3 +1151,19 @@ class Engine:
         return self._done(
             ctx, f"put metric {text}", would=f"would put metric {text}", details={"dimensions": dims}
         )
+
+
+def _outcome_details(outcome: DrainOutcome) -> dict[str, Any]:
+    """The `details` of a drain's final record."""
+
+    def pods(names: tuple[str, ...]) -> list[dict[str, str]]:
+        return [dict(zip(("namespace", "name"), n.split("/", 1), strict=True)) for n in names]
+
+    return {
+        "evicted": pods(outcome.evicted),
+        "skipped": pods(outcome.skipped),
+        "blocked": [b.as_json() for b in outcome.blocked],
+        "timed_out": outcome.timed_out,
+        "resumed": outcome.resumed,
+        "deadline": datetime.fromtimestamp(outcome.deadline, tz=UTC).isoformat(timespec="seconds"),
+    }

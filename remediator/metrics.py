@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 from remediator.audit import DecisionRecord
 from remediator.engine import GateStatus
 
-DEFERRING_GATES = ("pause", "breaker", "order", "rate_limit", "budget", "pdb")
+DEFERRING_GATES = ("pause", "breaker", "order", "rate_limit", "budget", "unavailable")
 
 
 class _GateCollector(Collector):
@@ -69,6 +69,11 @@ class _GateCollector(Collector):
         for gate in sorted({*DEFERRING_GATES, *st.deferred}):
             deferred.add_metric([gate], st.deferred.get(gate, 0))
         yield deferred
+        yield GaugeMetricFamily(
+            "accel_remediator_drains_in_progress",
+            "Drains running now in the background; each alert's later actions are decided when its ends.",
+            value=len(st.drains),
+        )
 
 
 class RemediatorMetrics:
@@ -78,7 +83,8 @@ class RemediatorMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.actions = Counter(
             "accel_remediator_actions",
-            "Decisions per action type and outcome (planned, done, skipped, deferred, ignored, failed).",
+            "Decisions per action type and outcome (planned, started, done, skipped, deferred, ignored, "
+            "failed).",
             ["action", "outcome", "dry_run"],
             registry=self.registry,
         )

@@ -41,6 +41,9 @@ from kubernetes.aio import config as k8s_config
 
 from remediator.cluster import (
     BackendUnavailable,
+    BlockedPod,
+    DrainOutcome,
+    DrainSettings,
     EvictionResult,
     Node,
     NodeCondition,
@@ -118,76 +121,6 @@ class KubernetesSettings:
     """Namespace of the gate-state ConfigMap (the remediator's own)."""
     state_configmap: str = "accel-health-remediator-state"
     """Name of the ConfigMap holding the gate state (budget, breaker, idempotency keys, pause)."""
-
-
-@dataclass(frozen=True)
-class DrainSettings:
-    """One drain's knobs (timeout and permissions come from the policy's drain action)."""
-
-    timeout_seconds: float = 600.0
-    """Overall deadline, counted from the drain's first start (kept across restarts)."""
-    grace_period_seconds: int | None = None
-    """DeleteOptions.gracePeriodSeconds of each Eviction; None keeps each pod's own."""
-    delete_emptydir_data: bool = False
-    """Evict pods with emptyDir volumes (their data is lost), like --delete-emptydir-data."""
-    force_bare_pods: bool = False
-    """Evict pods that no controller recreates, like --force."""
-    concurrency: int = 10
-    """Evictions in flight at once."""
-    backoff_initial_seconds: float = 1.0
-    """First wait after a 429 or a transient error; doubles up to backoff_max_seconds (with jitter)."""
-    backoff_max_seconds: float = 10.0
-    """Longest wait between two eviction attempts of one pod (kubectl waits 5 s)."""
-    poll_interval_seconds: float = 1.0
-    """How often the pods left on the node are listed while waiting for evicted pods to go."""
-
-
-@dataclass(frozen=True)
-class BlockedPod:
-    """A pod that kept a drain from finishing, and why."""
-
-    namespace: str
-    """Pod namespace."""
-    name: str
-    """Pod name."""
-    reason: str
-    """The last thing the API said about it, in words."""
-
-    def as_json(self) -> dict[str, str]:
-        return {"namespace": self.namespace, "name": self.name, "reason": self.reason}
-
-
-@dataclass(frozen=True)
-class DrainOutcome:
-    """What a drain did."""
-
-    node: str
-    """The node."""
-    completed: bool
-    """True when every pod that had to go is gone (or replaced)."""
-    timed_out: bool
-    """True when the deadline passed with pods left."""
-    evicted: tuple[str, ...]
-    """`namespace/name` of pods evicted and gone."""
-    skipped: tuple[str, ...]
-    """`namespace/name` of pods a drain leaves alone (mirror, DaemonSet)."""
-    blocked: tuple[BlockedPod, ...]
-    """Pods that kept the drain from finishing, each with the reason."""
-    resumed: bool
-    """True when this call continued a drain started earlier (by this or another replica)."""
-    deadline: float
-    """The drain's deadline, Unix seconds."""
-
-    def summary(self) -> str:
-        """One line for logs, decision records and the node's Event."""
-        head = (
-            "drain complete" if self.completed else ("drain timed out" if self.timed_out else "drain refused")
-        )
-        parts = [f"{head}: {len(self.evicted)} evicted, {len(self.skipped)} skipped"]
-        if self.blocked:
-            pods = "; ".join(f"{b.namespace}/{b.name}: {b.reason}" for b in self.blocked)
-            parts.append(f"{len(self.blocked)} blocking: {pods}")
-        return ", ".join(parts)
 
 
 def _rfc3339(ts: float) -> str:

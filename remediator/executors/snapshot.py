@@ -6,19 +6,31 @@ a dry run made none. The gate-state document is kept
 in memory too (`gate_state`, stored as JSON text, so a second engine over the same backend reads back
 exactly what a Kubernetes object would hold). `RecordingAws` is the matching
 AWS seam: it records calls and calls nothing.
+
+`drain` plans with remediator.drain like the Kubernetes executor and answers with the same
+`DrainOutcome`: pods that need permission refuse the drain before any eviction; the others are
+evicted at once (an in-memory pod is gone when evicted). A pod whose PodDisruptionBudget refuses
+stays and is reported as blocking with the reason; since nothing here ever changes a budget by
+itself (there is no disruption controller), waiting could not help, so such a drain ends at once as
+if its deadline had passed (`timed_out`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from remediator.cluster import (
+    BackendUnavailable,
+    BlockedPod,
+    DrainOutcome,
+    DrainSettings,
     EvictionResult,
     Node,
     NodeCondition,
@@ -30,6 +42,7 @@ from remediator.cluster import (
     pdb_from_object,
     pod_from_object,
 )
+from remediator.drain import plan_drain
 
 
 class SnapshotError(ValueError):
@@ -46,8 +59,10 @@ class SnapshotCluster:
         pods: list[Pod],
         pdbs: list[PodDisruptionBudget],
         source: str = "<memory>",
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.source = source
+        self._clock = clock
         self.nodes: dict[str, Node] = {n.name: n for n in nodes}
         self.pods: dict[tuple[str, str], Pod] = {(p.namespace, p.name): p for p in pods}
         self.pdbs: dict[tuple[str, str], PodDisruptionBudget] = {(b.namespace, b.name): b for b in pdbs}
@@ -166,6 +181,46 @@ class SnapshotCluster:
             )
         del self.pods[(namespace, name)]
         return EvictionResult.EVICTED
+
+    async def drain(self, node: str, settings: DrainSettings) -> DrainOutcome:
+        """Cordon and evict what `kubectl drain` would, in memory (see the module docstring)."""
+        if node not in self.nodes:
+            raise BackendUnavailable(f"drain {node}: node not found")
+        self.mutations.append(f"drain {node}")
+        plan = plan_drain(
+            await self.list_pods(node),
+            await self.list_pdbs(),
+            delete_emptydir_data=settings.delete_emptydir_data,
+            force_bare_pods=settings.force_bare_pods,
+        )
+        now = self._clock()
+        skipped = tuple(f"{p.namespace}/{p.name}" for p in plan.skip)
+        if not self.nodes[node].unschedulable:
+            await self.cordon(node)
+        if plan.needs_permission:
+            blocked = tuple(BlockedPod(p.namespace, p.name, p.reason) for p in plan.needs_permission)
+            return DrainOutcome(node, False, False, (), skipped, blocked, False, now)
+        evicted: list[str] = []
+        refused: list[BlockedPod] = []
+        for pod in (*plan.evict, *plan.waiting_on_pdb):
+            result = await self.evict_pod(
+                namespace=pod.namespace, name=pod.name, grace_period_seconds=settings.grace_period_seconds
+            )
+            if result is EvictionResult.REFUSED_BY_PDB:
+                why = pod.reason or "a PodDisruptionBudget allows no disruption now"
+                refused.append(BlockedPod(pod.namespace, pod.name, f"eviction refused (429): {why}"))
+            else:
+                evicted.append(f"{pod.namespace}/{pod.name}")
+        return DrainOutcome(
+            node,
+            completed=not refused,
+            timed_out=bool(refused),
+            evicted=tuple(evicted),
+            skipped=skipped,
+            blocked=tuple(refused),
+            resumed=False,
+            deadline=now if refused else now + settings.timeout_seconds,
+        )
 
     # -- gate state ------------------------------------------------------------------------------
 

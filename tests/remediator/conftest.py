@@ -15,7 +15,16 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from remediator.app import create_app
-from remediator.cluster import EvictionResult, Node, NodeCondition, Pod, PodDisruptionBudget, Taint
+from remediator.cluster import (
+    DrainOutcome,
+    DrainSettings,
+    EvictionResult,
+    Node,
+    NodeCondition,
+    Pod,
+    PodDisruptionBudget,
+    Taint,
+)
 from remediator.engine import Engine, EngineSettings
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster
 from remediator.policy import Policy, load_policy
@@ -44,6 +53,7 @@ MUTATING = frozenset(
         "set_condition",
         "record_event",
         "evict_pod",
+        "drain",
         "save_gate_state",
     }
 )
@@ -117,6 +127,10 @@ class CountingCluster:
         return await self.inner.evict_pod(
             namespace=namespace, name=name, grace_period_seconds=grace_period_seconds
         )
+
+    async def drain(self, node: str, settings: DrainSettings) -> DrainOutcome:
+        self.calls["drain"] += 1
+        return await self.inner.drain(node, settings)
 
     async def load_gate_state(self) -> Mapping[str, Any] | None:
         self.calls["load_gate_state"] += 1

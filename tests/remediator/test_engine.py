@@ -79,7 +79,9 @@ async def _scenario(engine: Engine) -> None:
     neuron = payload("neuron-hw-error")
     for _ in range(3):
         await engine.handle(parse_payload(firing))
+        await engine.drained()
         await engine.handle(parse_payload(neuron))
+        await engine.drained()
     resolved = payload("gpu-fatal-xid")
     resolved["alerts"][0]["status"] = "resolved"
     await engine.handle(parse_payload(resolved))
@@ -105,11 +107,11 @@ async def test_dry_run_decides_exactly_like_live_and_makes_zero_mutating_calls_a
     assert live_cluster.mutating_calls > 10  # the same scenario does act when live
     as_live = {"planned": "done"}
     dry_decisions = [(n, a, as_live.get(o, o), g) for n, a, o, g in outcomes(dry)]
-    # The only difference: a live drain meets the PDB at eviction time, a dry-run one plans around it.
-    live_decisions = [
-        (n, a, "done" if g == "pdb" else o, None if g == "pdb" else g) for n, a, o, g in outcomes(live)
-    ]
+    # The only difference: a live drain runs in the background, so its start has a record of its own.
+    live_decisions = [(n, a, o, g) for n, a, o, g in outcomes(live) if o != "started"]
     assert dry_decisions == live_decisions
+    gpu_drain = [o for n, a, o, _ in outcomes(live) if (n, a) == ("gpu-node-1", "drain")]
+    assert gpu_drain == ["started", "failed"]  # refused: the emptyDir pod needs a permission
     assert all(r.dry_run for r in dry.log.records())
     assert ("trn-node-1", "cordon", "deferred", "budget") in dry_decisions
 
@@ -282,10 +284,16 @@ rules:
 """
     engine = engine_over(cluster_of(10), policy, clock=clock)
     await engine.handle(webhook(alert("n1"), alert("n2")))
-    assert outcomes(engine) == [("n1", "drain", "done", None), ("n2", "drain", "deferred", "rate_limit")]
+    await engine.drained()
+    assert outcomes(engine) == [
+        ("n1", "drain", "started", None),
+        ("n2", "drain", "deferred", "rate_limit"),
+        ("n1", "drain", "done", None),
+    ]
     clock.now += 3600
     await engine.handle(webhook(alert("n1"), alert("n2")))
-    assert outcomes(engine)[-1] == ("n2", "drain", "done", None)
+    await engine.drained()
+    assert outcomes(engine)[-2:] == [("n2", "drain", "started", None), ("n2", "drain", "done", None)]
 
 
 async def test_a_percentage_budget_counts_only_eligible_nodes() -> None:

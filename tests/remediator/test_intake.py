@@ -109,9 +109,16 @@ async def test_the_same_payload_delivered_fifty_times_acts_once(
     body = payload("neuron-hw-error")
     for _ in range(50):
         assert (await client.post("/alerts", json=body, headers=AUTH)).status == 200
+    await live_service.engine.drained()
     records = await _actions(client)
-    assert [r["action"] for r in records] == ["condition", "cordon", "drain", "aws_set_unhealthy"]
-    assert [r["outcome"] for r in records] == ["done"] * 4
+    assert [(r["action"], r["outcome"]) for r in records] == [
+        ("condition", "done"),
+        ("cordon", "done"),
+        ("drain", "started"),
+        ("drain", "done"),
+        ("aws_set_unhealthy", "done"),
+    ]
+    assert live_service.counting.calls["drain"] == 1
     assert live_service.aws.calls == [
         ("SetInstanceHealth", {"InstanceId": "i-0a1b2c3d4e5f60002", "HealthStatus": "Unhealthy"})
     ]
@@ -124,22 +131,34 @@ async def test_the_same_payload_delivered_fifty_times_acts_once(
     assert 'accel_remediator_actions_total{action="drain",dry_run="false",outcome="done"} 1.0' in metrics
 
 
-async def test_a_drain_waiting_on_a_pdb_is_deferred_and_retried_on_resend(
+async def test_a_drain_a_pdb_blocks_ends_failed_naming_the_pod_and_is_not_started_again(
     aiohttp_client: AiohttpClient, live_service: Service
 ) -> None:
     client = await aiohttp_client(live_service.app)
     body = payload("gpu-fatal-xid")
     await client.post("/alerts", json=body, headers=AUTH)
-    await client.post("/alerts", json=body, headers=AUTH)
+    await live_service.engine.drained()
+    await client.post("/alerts", json=body, headers=AUTH)  # a resend after the drain ended
+    await live_service.engine.drained()
     records = await _actions(client)
-    assert [r["action"] for r in records] == ["condition", "cordon", "drain"]
-    assert (records[2]["outcome"], records[2]["gate"]) == ("deferred", "pdb")
-    state = await (await client.get("/state", headers=AUTH)).json()
-    assert [(p["action"], p["gate"], p["evaluations"]) for p in state["pending"]] == [("drain", "pdb", 2)]
-    assert state["deferred"] == {"pdb": 1}
+    assert [(r["action"], r["outcome"]) for r in records] == [
+        ("condition", "done"),
+        ("cordon", "done"),
+        ("drain", "started"),
+        ("drain", "failed"),
+    ]
+    [blocked] = records[3]["details"]["blocked"]
+    assert (blocked["namespace"], blocked["name"]) == ("ml-team", "llama-pretrain-worker-1")
+    assert "429" in blocked["reason"]
+    assert "PodDisruptionBudget" in blocked["reason"]
+    assert records[3]["details"]["timed_out"] is True
+    assert live_service.counting.calls["drain"] == 1
     evictions = [m for m in live_service.cluster.mutations if m.startswith("evict")]
     assert "evict ml-team/llama-pretrain-worker-0" in evictions
-    assert "evict ml-team/llama-pretrain-worker-1" not in evictions
+    assert ("ml-team", "llama-pretrain-worker-1") in live_service.cluster.pods
+    state = await (await client.get("/state", headers=AUTH)).json()
+    assert state["pending"] == []
+    assert state["drains"] == {}
 
 
 async def test_a_resolved_alert_is_never_destructive(

@@ -18,7 +18,7 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from remediator.app import create_app
-from remediator.cluster import BackendUnavailable, EvictionResult, NodeCondition, Taint
+from remediator.cluster import BackendUnavailable, DrainSettings, EvictionResult, NodeCondition, Taint
 from remediator.engine import Engine, EngineSettings
 from remediator.executors.kubernetes import (
     CORDONED_BY,
@@ -26,7 +26,6 @@ from remediator.executors.kubernetes import (
     DRAIN_DEADLINE,
     DRAIN_STATUS,
     TAINTS_ADDED,
-    DrainSettings,
     KubernetesCluster,
     KubernetesSettings,
     NotLeader,

@@ -17,8 +17,9 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from remediator.app import create_app
+from remediator.cluster import DrainSettings
 from remediator.engine import Engine, EngineSettings
-from remediator.executors.kubernetes import DRAIN_DEADLINE, DrainSettings, KubernetesCluster, NotLeader
+from remediator.executors.kubernetes import DRAIN_DEADLINE, KubernetesCluster, NotLeader
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster
 from remediator.leader import LeaderElector, LeaderSettings, install
 from remediator.policy import load_policy
