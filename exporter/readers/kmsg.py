@@ -485,6 +485,8 @@ class KmsgStateStore:
         self.path = directory / STATE_FILE_NAME
         self.boot_id_path = boot_id_path
         self._last_error: str | None = None
+        self._boot: tuple[str | None] | None = None
+        """The boot id read by :meth:`load` (a boot cannot change under a running process)."""
 
     def boot_id(self) -> str | None:
         try:
@@ -496,9 +498,18 @@ class KmsgStateStore:
             return None
         return text or None
 
+    def _current_boot(self) -> str | None:
+        if self._boot is None:
+            self._boot = (self.boot_id(),)
+        return self._boot[0]
+
     def load(self) -> KmsgTally | None:
-        """The tally saved during this boot; None when there is none, it is from another boot, or bad."""
-        boot_id = self.boot_id()
+        """The tally saved during this boot; None when there is none, it is from another boot, or bad.
+
+        Reads the boot id afresh; :meth:`save` then uses it.
+        """
+        self._boot = None
+        boot_id = self._current_boot()
         if boot_id is None:
             return None
         try:
@@ -526,7 +537,7 @@ class KmsgStateStore:
 
     def save(self, state: Mapping[str, object]) -> bool:
         """Writes ``state`` (:meth:`KmsgTally.to_state`) for this boot; False (logged once) on failure."""
-        boot_id = self.boot_id()
+        boot_id = self._current_boot()
         if boot_id is None:
             return False
         temporary = self.path.with_name(f".{self.path.name}.tmp")
