@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import time
-from collections.abc import Callable, Mapping
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
+
+EXPORTER = Path(sys.executable).parent / "accel-health-exporter"
+_LISTENING = re.compile(r"listening on (127\.0\.0\.1:\d+)")
 
 NODES = Path(__file__).resolve().parents[2] / "examples" / "nodes"
 GPU_NODE = NODES / "gpu-node-1"
@@ -47,3 +55,43 @@ def sample_value(exposition: str, name: str, labels: Mapping[str, str] | None = 
 
 GPU_BUS_PATHS = tuple(f"bus/pci/devices/{bus}.0" for bus in GPU_NODE_BUS_IDS)
 """Each GPU's directory relative to the sysfs root, through the bus symlink (as real sysfs has it)."""
+
+
+@dataclass(frozen=True)
+class Running:
+    """A running ``accel-health-exporter`` process."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    kmsg: Path
+    log: Path
+
+    def scrape(self, path: str = "/metrics") -> str:
+        with urllib.request.urlopen(self.url + path, timeout=5) as response:  # noqa: S310 -- loopback URL
+            body: bytes = response.read()
+            return body.decode()
+
+
+def spawn_exporter(*, kmsg: Path, sysfs_root: Path, log: Path, flags: Sequence[str]) -> Running:
+    """Starts the real exporter on a free loopback port and waits until it listens.
+
+    Output is appended to ``log``, so one log can follow an exporter across restarts: this waits for
+    the new process's own "listening on" line.
+    """
+    before = len(_LISTENING.findall(log.read_text())) if log.exists() else 0
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [str(EXPORTER), "--listen=127.0.0.1:0", f"--kmsg={kmsg}", f"--sysfs-root={sysfs_root}", *flags],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    found: list[str] = []
+
+    def listening() -> bool:
+        found[:] = _LISTENING.findall(log.read_text())
+        return len(found) > before or process.poll() is not None
+
+    assert wait_until(listening, timeout=10), log.read_text()
+    assert len(found) > before, log.read_text()
+    return Running(process=process, url=f"http://{found[-1]}", kmsg=kmsg, log=log)

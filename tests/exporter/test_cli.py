@@ -2,65 +2,28 @@
 
 from __future__ import annotations
 
-import re
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from exporter.cli import main, parse_listen
-from tests.exporter.helpers import GPU_NODE, TRN_NODE, sample_value, wait_until
+from tests.exporter.helpers import GPU_NODE, TRN_NODE, Running, sample_value, spawn_exporter, wait_until
 
-SCRIPT = Path(sys.executable).parent / "accel-health-exporter"
 XID_79 = "NVRM: Xid (PCI:0000:9d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
-
-
-@dataclass(frozen=True)
-class Running:
-    process: subprocess.Popen[bytes]
-    url: str
-    kmsg: Path
-    log: Path
-
-    def scrape(self, path: str = "/metrics") -> str:
-        with urllib.request.urlopen(self.url + path, timeout=5) as response:  # noqa: S310 -- loopback URL
-            body: bytes = response.read()
-            return body.decode()
 
 
 def start_exporter(node: Path, tmp_path: Path, *flags: str) -> Running:
     kmsg = tmp_path / "kmsg"
     shutil.copyfile(node / "kmsg", kmsg)
-    log = tmp_path / "exporter.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                str(SCRIPT),
-                "--listen=127.0.0.1:0",
-                f"--kmsg={kmsg}",
-                f"--sysfs-root={node / 'sys'}",
-                *(flags or ("--nvml=auto",)),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    found: list[str] = []
-
-    def listening() -> bool:
-        found[:] = re.findall(r"listening on (127\.0\.0\.1:\d+)", log.read_text())
-        return bool(found) or process.poll() is not None
-
-    assert wait_until(listening, timeout=10), log.read_text()
-    assert found, log.read_text()
-    return Running(process=process, url=f"http://{found[0]}", kmsg=kmsg, log=log)
+    return spawn_exporter(
+        kmsg=kmsg, sysfs_root=node / "sys", log=tmp_path / "exporter.log", flags=flags or ("--nvml=auto",)
+    )
 
 
 @pytest.fixture

@@ -11,13 +11,11 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.exporter.helpers import GPU_NODE, TRN_NODE, sample_value, wait_until
+from tests.exporter.helpers import GPU_NODE, TRN_NODE, sample_value, spawn_exporter, wait_until
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden"
 UPDATE = os.environ.get("ACCEL_HEALTH_UPDATE_GOLDEN") == "1"
@@ -56,33 +54,15 @@ def scrape_node(node: Path, tmp_path: Path) -> str:
         text += f"3,{seq},{9_000_000 + seq},-;{fault}\n"
     kmsg.write_text(text)
     log = tmp_path / "exporter.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "accel-health-exporter"),
-                "--listen=127.0.0.1:0",
-                f"--kmsg={kmsg}",
-                f"--sysfs-root={node / 'sys'}",
-                "--nvml=off",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
+    running = spawn_exporter(kmsg=kmsg, sysfs_root=node / "sys", log=log, flags=("--nvml=off",))
     try:
-        assert wait_until(lambda: "listening on" in log.read_text(), timeout=10), log.read_text()
-        [address] = re.findall(r"listening on (127\.0\.0\.1:\d+)", log.read_text())
-
-        def scrape() -> str:
-            with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as response:
-                body: bytes = response.read()
-            return body.decode()
-
-        assert wait_until(lambda: sample_value(scrape(), "accel_kmsg_records_total") == records, timeout=5)
-        return scrape()
+        assert wait_until(
+            lambda: sample_value(running.scrape(), "accel_kmsg_records_total") == records, timeout=5
+        )
+        return running.scrape()
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=10)
+        running.process.send_signal(signal.SIGTERM)
+        running.process.wait(timeout=10)
 
 
 @pytest.mark.parametrize("node", [GPU_NODE, TRN_NODE], ids=lambda n: n.name)

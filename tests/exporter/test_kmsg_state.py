@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import signal
-import subprocess
-import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from exporter.readers.kmsg import STATE_FILE_NAME, KmsgFollower, KmsgSnapshot, KmsgStateStore, KmsgTally
-from tests.exporter.helpers import GPU_NODE, sample_value, wait_until
+from tests.exporter.helpers import GPU_NODE, Running, sample_value, spawn_exporter, wait_until
 
 XID_79 = "NVRM: Xid (PCI:0000:9d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 BOOT_A = "6f1c2d4e-0000-4000-8000-00000000000a"
@@ -166,35 +162,9 @@ def test_the_state_round_trips_every_count() -> None:
     assert restored.snapshot().missed == 3
 
 
-def _exporter(kmsg: Path, state: Path, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "accel-health-exporter"),
-                "--listen=127.0.0.1:0",
-                f"--kmsg={kmsg}",
-                f"--sysfs-root={GPU_NODE / 'sys'}",
-                "--nvml=off",
-                f"--state-dir={state}",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-
-
-def _scrape_when_ready(log: Path, process: subprocess.Popen[bytes], seen: int) -> str:
-    found: list[str] = []
-
-    def listening() -> bool:
-        found[:] = re.findall(r"listening on (127\.0\.0\.1:\d+)", log.read_text())
-        return len(found) > seen or process.poll() is not None
-
-    assert wait_until(listening, timeout=10), log.read_text()
-    url = f"http://{found[-1]}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        body: bytes = response.read()
-    return body.decode()
+def _exporter(kmsg: Path, state: Path, log: Path) -> Running:
+    flags = ("--nvml=off", f"--state-dir={state}")
+    return spawn_exporter(kmsg=kmsg, sysfs_root=GPU_NODE / "sys", log=log, flags=flags)
 
 
 @pytest.mark.skipif(not Path("/proc/sys/kernel/random/boot_id").exists(), reason="needs a Linux boot id")
@@ -205,19 +175,19 @@ def test_the_exporter_process_keeps_an_overwritten_xid_across_a_restart(tmp_path
 
     first = _exporter(kmsg, state, log)
     try:
-        body = _scrape_when_ready(log, first, 0)
+        body = first.scrape()
         assert wait_until((state / STATE_FILE_NAME).exists, timeout=5)
         assert sample_value(body, "accel_gpu_xid_errors_total", labels) == 1
     finally:
-        first.send_signal(signal.SIGTERM)
-        assert first.wait(timeout=10) == 0
+        first.process.send_signal(signal.SIGTERM)
+        assert first.process.wait(timeout=10) == 0
 
     kmsg.write_text(ring(40, 79))  # the Xid's record was overwritten while the exporter was down
     second = _exporter(kmsg, state, log)
     try:
-        body = _scrape_when_ready(log, second, 1)
+        body = second.scrape()
         assert sample_value(body, "accel_gpu_xid_errors_total", labels) == 1
         assert sample_value(body, "accel_kmsg_missed_records_total") == 0
     finally:
-        second.send_signal(signal.SIGTERM)
-        assert second.wait(timeout=10) == 0
+        second.process.send_signal(signal.SIGTERM)
+        assert second.process.wait(timeout=10) == 0
