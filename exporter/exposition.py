@@ -7,6 +7,12 @@ directly and produces the same bytes as ``generate_latest`` (tests hold it to th
 that shape (another metric type, a timestamp, an exemplar, a name needing escaping) is handed to
 ``generate_latest`` unchanged.
 
+Collectors with many series of a fixed shape (NVML: a thousand per 8-GPU node) build :class:`Family`
+objects from a :class:`FamilySpec` made once at import. A family holds label-value rows rather than
+prometheus_client samples, and its spec remembers each label set's rendered ``name{...}``, so a series
+already written in an earlier scrape costs one dictionary lookup. Its ``samples`` are still there for
+any other reader (built on demand), and its text is the same bytes ``generate_latest`` writes.
+
 The exporter serves this format whatever the scraper's Accept header asks for, as node_exporter does by
 default; every Prometheus version parses it.
 """
@@ -15,11 +21,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Literal
 
 from prometheus_client import generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -29,6 +37,8 @@ _SIMPLE_TYPES = {"gauge": "gauge", "counter": "counter"}
 
 def go_float(value: float) -> str:
     """A sample value as Prometheus's Go code writes it (prometheus_client's ``floatToGoString``)."""
+    if type(value) is int and -(10**15) < value < 1_000_000:  # exact as a float, written without exponent
+        return f"{value}.0"
     number = float(value)
     if number == math.inf:
         return "+Inf"
@@ -50,6 +60,96 @@ def _escape_value(value: str) -> str:
     return value
 
 
+Kind = Literal["gauge", "counter"]
+
+
+class FamilySpec:
+    """What stays the same for a gauge or counter family from scrape to scrape: name, help, type, label
+    names, and the rendered ``name{label="value",...} `` of every label set written so far.
+
+    Raises ValueError for a name or label name prometheus_client would reject or would have to escape.
+    The cache holds at most ``max_cached`` label sets; past that it starts again empty, so label values
+    that keep changing cost rendering time, never unbounded memory.
+    """
+
+    def __init__(
+        self, name: str, documentation: str, kind: Kind, labelnames: Sequence[str], *, max_cached: int = 8192
+    ) -> None:
+        if kind not in ("gauge", "counter"):
+            raise ValueError(f"{name}: only gauges and counters, not {kind!r}")
+        if not _LEGACY_NAME.match(name) or (kind == "counter" and name.endswith("_total")):
+            raise ValueError(f"invalid family name {name!r} for a {kind}")
+        for label in labelnames:
+            if not _LEGACY_NAME.match(label) or ":" in label or label.startswith("__"):
+                raise ValueError(f"{name}: invalid label name {label!r}")
+        if len(set(labelnames)) != len(labelnames):
+            raise ValueError(f"{name}: repeated label names {list(labelnames)}")
+        self.name = name
+        self.documentation = documentation
+        self.kind: Kind = kind
+        self.labelnames = tuple(labelnames)
+        self.sample_name = f"{name}_total" if kind == "counter" else name
+        """The series name: a counter's ends in ``_total``."""
+        help_text = documentation.replace("\\", r"\\").replace("\n", r"\n")
+        self.header = f"# HELP {self.sample_name} {help_text}\n# TYPE {self.sample_name} {kind}\n"
+        self._order = sorted(range(len(self.labelnames)), key=self.labelnames.__getitem__)
+        self._max_cached = max_cached
+        self._prefixes: dict[tuple[str, ...], str] = {}
+
+    def family(self) -> Family:
+        """An empty family of this kind, for one scrape."""
+        return Family(self)
+
+    def prefix(self, values: tuple[str, ...]) -> str:
+        """``name{label="value",...} `` for one label set (labels sorted by name, values escaped)."""
+        prefix = self._prefixes.get(values)
+        if prefix is None:
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name}: {len(values)} label values, expected {self.labelnames}")
+            names = self.labelnames
+            labels = ",".join(f'{names[i]}="{_escape_value(values[i])}"' for i in self._order)
+            prefix = f"{self.sample_name}{{{labels}}} " if labels else f"{self.sample_name} "
+            if len(self._prefixes) >= self._max_cached:
+                self._prefixes.clear()
+            self._prefixes[values] = prefix
+        return prefix
+
+
+class Family(Metric):
+    """One scrape's series of a :class:`FamilySpec`, kept as (label values, value) rows.
+
+    ``samples`` builds prometheus_client samples on demand, for readers other than :func:`encode`.
+    """
+
+    def __init__(self, spec: FamilySpec) -> None:
+        self.spec = spec
+        self.rows: list[tuple[tuple[str, ...], float]] = []
+        super().__init__(spec.name, spec.documentation, spec.kind)
+
+    def add(self, values: tuple[str, ...], value: float) -> None:
+        """One series: label values in the spec's label-name order."""
+        if len(values) != len(self.spec.labelnames):
+            raise ValueError(f"{self.spec.name}: {len(values)} label values, expected {self.spec.labelnames}")
+        self.rows.append((values, value))
+
+    @property
+    def samples(self) -> list[Sample]:
+        name, labelnames = self.spec.sample_name, self.spec.labelnames
+        rows = self.rows
+        return [Sample(name, dict(zip(labelnames, values, strict=True)), value) for values, value in rows]
+
+    @samples.setter
+    def samples(self, samples: list[Sample]) -> None:
+        if samples:  # Metric.__init__ assigns an empty list; anything else would be lost
+            raise TypeError("add series to a Family with add()")
+
+    def text(self) -> str:
+        """The family in the text format."""
+        prefix = self.spec.prefix
+        lines = [f"{prefix(values)}{go_float(value)}\n" for values, value in self.rows]
+        return self.spec.header + "".join(lines)
+
+
 def encode(families: Iterable[Metric]) -> bytes | None:
     """The text exposition of ``families``; None when one of them needs prometheus_client's encoder.
 
@@ -61,6 +161,9 @@ def encode(families: Iterable[Metric]) -> bytes | None:
     orders: dict[tuple[str, ...], tuple[str, ...]] = {}
     escaped: dict[str, str] = {}
     for metric in families:
+        if isinstance(metric, Family):
+            append(metric.text())
+            continue
         kind = _SIMPLE_TYPES.get(metric.type)
         if kind is None or not _LEGACY_NAME.match(metric.name):
             return None

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
 from exporter.collectors.framework import SourceUnavailableError
+from exporter.exposition import Family, FamilySpec
 from exporter.readers.nvml import NvmlGpuHealth, NvmlSnapshot, NvmlXidCounts
 
 GPU_LABELS = ("gpu", "uuid", "pci_bus_id", "model")
@@ -25,150 +26,182 @@ _THROTTLE_REASONS = (
     "sw_power_cap",
 )
 _NVLINK_ERRORS = ("crc_flit", "crc_data", "replay", "recovery")
+Labels = tuple[str, ...]
 
 
-def _gauge(name: str, documentation: str, *extra: str) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, documentation, labels=[*GPU_LABELS, *extra])
+def _gauge(name: str, documentation: str, *extra: str) -> FamilySpec:
+    return FamilySpec(name, documentation, "gauge", (*GPU_LABELS, *extra))
 
 
-def _counter(name: str, documentation: str, *extra: str) -> CounterMetricFamily:
-    return CounterMetricFamily(name, documentation, labels=[*GPU_LABELS, *extra])
+def _counter(name: str, documentation: str, *extra: str) -> FamilySpec:
+    return FamilySpec(name, documentation, "counter", (*GPU_LABELS, *extra))
 
 
-def _labels(gpu: NvmlGpuHealth, bus_ids: Mapping[int, str], uuids: Mapping[str, str]) -> list[str]:
+UP = _gauge("accel_gpu_nvml_up", "Whether NVML answered for the GPU in this scrape (1) or not (0).")
+LOST = _gauge("accel_gpu_lost", "1 for a GPU NVML reports as lost (NVML_ERROR_GPU_IS_LOST).")
+STUCK = _gauge(
+    "accel_gpu_nvml_call_stuck_seconds",
+    "How long an NVML call for the GPU has been outstanding after it exceeded a scrape's bound.",
+    "call",
+)
+ECC = _gauge(
+    "accel_gpu_ecc_errors",
+    "ECC error counts; volatile since driver load, aggregate over the GPU's life (both can reset).",
+    "error_type",
+    "counter_type",
+)
+REMAPPED = _gauge("accel_gpu_remapped_rows", "Rows remapped, by the kind of error that caused it.", "cause")
+REMAP_PENDING = _gauge("accel_gpu_remapped_rows_pending", "1 while a row remap waits for a GPU reset.")
+REMAP_FAILURE = _gauge("accel_gpu_remapped_rows_failure", "1 when a row remap failed.")
+RETIRED = _gauge("accel_gpu_retired_pages", "Memory pages retired, by cause.", "cause")
+RETIRED_PENDING = _gauge(
+    "accel_gpu_retired_pages_pending", "1 while retired pages wait for the next driver reload."
+)
+GENERATION = _gauge("accel_gpu_pcie_link_generation", "PCIe link generation as NVML reports it.", "link")
+WIDTH = _gauge("accel_gpu_pcie_link_width", "PCIe link width (lanes) as NVML reports it.", "link")
+REPLAYS = _counter("accel_gpu_pcie_replay_errors", "PCIe replays since the driver was loaded.")
+THROUGHPUT = _gauge(
+    "accel_gpu_pcie_throughput_bytes_per_second",
+    "PCIe throughput NVML sampled over about 20 ms.",
+    "direction",
+)
+NVLINK_UP = _gauge("accel_gpu_nvlink_up", "Whether the NVLink link is active (1) or not (0).", "link")
+NVLINK_ERRORS = _counter(
+    "accel_gpu_nvlink_errors", "NVLink data-link error counters, by error.", "link", "error"
+)
+THROTTLE = _gauge(
+    "accel_gpu_clock_throttle_active",
+    "1 while the clock-throttle (clocks-event) reason holds clocks down; supported reasons only.",
+    "reason",
+)
+TEMPERATURE = _gauge("accel_gpu_temperature_celsius", "GPU core temperature.")
+POWER = _gauge("accel_gpu_power_watts", "Board power draw.")
+_PER_GPU = (
+    UP,
+    LOST,
+    STUCK,
+    ECC,
+    REMAPPED,
+    REMAP_PENDING,
+    REMAP_FAILURE,
+    RETIRED,
+    RETIRED_PENDING,
+    GENERATION,
+    WIDTH,
+    REPLAYS,
+    THROUGHPUT,
+    NVLINK_UP,
+    NVLINK_ERRORS,
+    THROTTLE,
+    TEMPERATURE,
+    POWER,
+)
+"""The per-GPU families, in exposition order."""
+
+GPUS = FamilySpec("accel_nvml_gpus", "GPUs NVML enumerates, lost ones included.", "gauge", ())
+CALL_TIMEOUTS = FamilySpec(
+    "accel_nvml_call_timeouts",
+    "NVML calls abandoned because they exceeded the scrape's bound (--nvml-timeout), since start.",
+    "counter",
+    ("call",),
+)
+FIELD_ERRORS = FamilySpec(
+    "accel_nvml_field_errors",
+    "NVML calls that failed with an error other than NOT_SUPPORTED or GPU_IS_LOST, since start.",
+    "counter",
+    ("call", "error"),
+)
+XIDS = FamilySpec(
+    "accel_gpu_xid_errors",
+    "NVIDIA Xid events from NVML's event API since the exporter began watching (kernel log unreadable).",
+    "counter",
+    ("pci_bus_id", "gpu", "xid"),
+)
+
+_ECC_SERIES = (
+    ("volatile_corrected", ("corrected", "volatile")),
+    ("volatile_uncorrected", ("uncorrected", "volatile")),
+    ("aggregate_corrected", ("corrected", "aggregate")),
+    ("aggregate_uncorrected", ("uncorrected", "aggregate")),
+)
+_PCIE_SERIES = (
+    (GENERATION, "current_generation", ("current",)),
+    (GENERATION, "max_generation", ("max",)),
+    (WIDTH, "current_width", ("current",)),
+    (WIDTH, "max_width", ("max",)),
+    (REPLAYS, "replay_errors", ()),
+    (THROUGHPUT, "tx_bytes_per_second", ("tx",)),
+    (THROUGHPUT, "rx_bytes_per_second", ("rx",)),
+)
+
+
+def _labels(gpu: NvmlGpuHealth, bus_ids: Mapping[int, str], uuids: Mapping[str, str]) -> Labels:
     pci_bus_id = gpu.pci_bus_id or bus_ids.get(gpu.index, "")
     uuid = gpu.uuid or uuids.get(pci_bus_id, "")
-    return [str(gpu.index), uuid, pci_bus_id, gpu.model]
+    return (str(gpu.index), uuid, pci_bus_id, gpu.model)
 
 
-def _put(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value: float | None) -> None:
+def _put(family: Family, labels: Labels, value: float | None) -> None:
     if value is not None:
-        family.add_metric(labels, value)
+        family.add(labels, value)
 
 
 class _Families:
     """The per-GPU families of one scrape, filled one GPU at a time."""
 
     def __init__(self) -> None:
-        self.up = _gauge(
-            "accel_gpu_nvml_up", "Whether NVML answered for the GPU in this scrape (1) or not (0)."
-        )
-        self.lost = _gauge("accel_gpu_lost", "1 for a GPU NVML reports as lost (NVML_ERROR_GPU_IS_LOST).")
-        self.stuck = _gauge(
-            "accel_gpu_nvml_call_stuck_seconds",
-            "How long an NVML call for the GPU has been outstanding after it exceeded a scrape's bound.",
-            "call",
-        )
-        self.ecc = _gauge(
-            "accel_gpu_ecc_errors",
-            "ECC error counts; volatile since driver load, aggregate over the GPU's life (both can reset).",
-            "error_type",
-            "counter_type",
-        )
-        self.remapped = _gauge(
-            "accel_gpu_remapped_rows", "Rows remapped, by the kind of error that caused it.", "cause"
-        )
-        self.remap_pending = _gauge(
-            "accel_gpu_remapped_rows_pending", "1 while a row remap waits for a GPU reset."
-        )
-        self.remap_failure = _gauge("accel_gpu_remapped_rows_failure", "1 when a row remap failed.")
-        self.retired = _gauge("accel_gpu_retired_pages", "Memory pages retired, by cause.", "cause")
-        self.retired_pending = _gauge(
-            "accel_gpu_retired_pages_pending", "1 while retired pages wait for the next driver reload."
-        )
-        self.generation = _gauge(
-            "accel_gpu_pcie_link_generation", "PCIe link generation as NVML reports it.", "link"
-        )
-        self.width = _gauge(
-            "accel_gpu_pcie_link_width", "PCIe link width (lanes) as NVML reports it.", "link"
-        )
-        self.replays = _counter("accel_gpu_pcie_replay_errors", "PCIe replays since the driver was loaded.")
-        self.throughput = _gauge(
-            "accel_gpu_pcie_throughput_bytes_per_second",
-            "PCIe throughput NVML sampled over about 20 ms.",
-            "direction",
-        )
-        self.nvlink_up = _gauge(
-            "accel_gpu_nvlink_up", "Whether the NVLink link is active (1) or not (0).", "link"
-        )
-        self.nvlink_errors = _counter(
-            "accel_gpu_nvlink_errors", "NVLink data-link error counters, by error.", "link", "error"
-        )
-        self.throttle = _gauge(
-            "accel_gpu_clock_throttle_active",
-            "1 while the clock-throttle (clocks-event) reason holds clocks down; supported reasons only.",
-            "reason",
-        )
-        self.temperature = _gauge("accel_gpu_temperature_celsius", "GPU core temperature.")
-        self.power = _gauge("accel_gpu_power_watts", "Board power draw.")
+        self.by_spec = {spec: spec.family() for spec in _PER_GPU}
 
     def all(self) -> list[Metric]:
-        return [
-            self.up,
-            self.lost,
-            self.stuck,
-            self.ecc,
-            self.remapped,
-            self.remap_pending,
-            self.remap_failure,
-            self.retired,
-            self.retired_pending,
-            self.generation,
-            self.width,
-            self.replays,
-            self.throughput,
-            self.nvlink_up,
-            self.nvlink_errors,
-            self.throttle,
-            self.temperature,
-            self.power,
-        ]
+        return list(self.by_spec.values())
 
-    def add(self, gpu: NvmlGpuHealth, labels: list[str]) -> None:
-        self.up.add_metric(labels, 1 if gpu.status == "ok" else 0)
+    def add(self, gpu: NvmlGpuHealth, labels: Labels) -> None:
+        families = self.by_spec
+        families[UP].add(labels, 1 if gpu.status == "ok" else 0)
         if gpu.status == "lost":
-            self.lost.add_metric(labels, 1)
-        _put(self.stuck, [*labels, gpu.stuck_call], gpu.stuck_seconds)
+            families[LOST].add(labels, 1)
+        _put(families[STUCK], (*labels, gpu.stuck_call), gpu.stuck_seconds)
         self._memory(gpu, labels)
-        self._pcie(gpu, labels)
-        for nvlink in gpu.nvlinks:
-            link = [*labels, str(nvlink.link)]
-            _put(self.nvlink_up, link, None if nvlink.up is None else int(nvlink.up))
-            for error in _NVLINK_ERRORS:
-                _put(self.nvlink_errors, [*link, error], getattr(nvlink, error))
+        if (pcie := gpu.pcie) is not None:
+            for spec, attribute, extra in _PCIE_SERIES:
+                _put(families[spec], labels + extra, getattr(pcie, attribute))
+        if gpu.nvlinks:
+            self._nvlinks(gpu, labels)
         if (reasons := gpu.clock_throttle) is not None:
+            throttle = families[THROTTLE]
             for reason in _THROTTLE_REASONS:
                 active = getattr(reasons, reason)
-                _put(self.throttle, [*labels, reason], None if active is None else int(active))
-        _put(self.temperature, labels, gpu.temperature_celsius)
-        _put(self.power, labels, gpu.power_watts)
+                if active is not None:
+                    throttle.add((*labels, reason), int(active))
+        _put(families[TEMPERATURE], labels, gpu.temperature_celsius)
+        _put(families[POWER], labels, gpu.power_watts)
 
-    def _memory(self, gpu: NvmlGpuHealth, labels: list[str]) -> None:
+    def _memory(self, gpu: NvmlGpuHealth, labels: Labels) -> None:
+        families = self.by_spec
         if (ecc := gpu.ecc) is not None:
-            _put(self.ecc, [*labels, "corrected", "volatile"], ecc.volatile_corrected)
-            _put(self.ecc, [*labels, "uncorrected", "volatile"], ecc.volatile_uncorrected)
-            _put(self.ecc, [*labels, "corrected", "aggregate"], ecc.aggregate_corrected)
-            _put(self.ecc, [*labels, "uncorrected", "aggregate"], ecc.aggregate_uncorrected)
+            for attribute, extra in _ECC_SERIES:
+                _put(families[ECC], labels + extra, getattr(ecc, attribute))
         if (rows := gpu.remapped_rows) is not None:
-            self.remapped.add_metric([*labels, "correctable"], rows.correctable)
-            self.remapped.add_metric([*labels, "uncorrectable"], rows.uncorrectable)
-            self.remap_pending.add_metric(labels, int(rows.pending))
-            self.remap_failure.add_metric(labels, int(rows.failure))
+            families[REMAPPED].add((*labels, "correctable"), rows.correctable)
+            families[REMAPPED].add((*labels, "uncorrectable"), rows.uncorrectable)
+            families[REMAP_PENDING].add(labels, int(rows.pending))
+            families[REMAP_FAILURE].add(labels, int(rows.failure))
         if (pages := gpu.retired_pages) is not None:
-            _put(self.retired, [*labels, "single_bit_ecc"], pages.single_bit_ecc)
-            _put(self.retired, [*labels, "double_bit_ecc"], pages.double_bit_ecc)
-            _put(self.retired_pending, labels, None if pages.pending is None else int(pages.pending))
+            _put(families[RETIRED], (*labels, "single_bit_ecc"), pages.single_bit_ecc)
+            _put(families[RETIRED], (*labels, "double_bit_ecc"), pages.double_bit_ecc)
+            if pages.pending is not None:
+                families[RETIRED_PENDING].add(labels, int(pages.pending))
 
-    def _pcie(self, gpu: NvmlGpuHealth, labels: list[str]) -> None:
-        if (pcie := gpu.pcie) is None:
-            return
-        _put(self.generation, [*labels, "current"], pcie.current_generation)
-        _put(self.generation, [*labels, "max"], pcie.max_generation)
-        _put(self.width, [*labels, "current"], pcie.current_width)
-        _put(self.width, [*labels, "max"], pcie.max_width)
-        _put(self.replays, labels, pcie.replay_errors)
-        _put(self.throughput, [*labels, "tx"], pcie.tx_bytes_per_second)
-        _put(self.throughput, [*labels, "rx"], pcie.rx_bytes_per_second)
+    def _nvlinks(self, gpu: NvmlGpuHealth, labels: Labels) -> None:
+        up, errors = self.by_spec[NVLINK_UP].add, self.by_spec[NVLINK_ERRORS].add
+        for nvlink in gpu.nvlinks:
+            link = (*labels, str(nvlink.link))
+            if nvlink.up is not None:
+                up(link, int(nvlink.up))
+            counts = (nvlink.crc_flit, nvlink.crc_data, nvlink.replay, nvlink.recovery)
+            for error, value in zip(_NVLINK_ERRORS, counts, strict=True):
+                if value is not None:
+                    errors((*link, error), value)
 
 
 def nvml_metrics(
@@ -184,25 +217,17 @@ def nvml_metrics(
     """
     if not snapshot.available:
         raise SourceUnavailableError(f"NVML unavailable: {snapshot.reason}")
-    gpus = GaugeMetricFamily("accel_nvml_gpus", "GPUs NVML enumerates, lost ones included.")
-    _put(gpus, [], snapshot.gpu_count)
+    gpus = GPUS.family()
+    _put(gpus, (), snapshot.gpu_count)
     families = _Families()
     for gpu in snapshot.gpus:
         families.add(gpu, _labels(gpu, bus_ids or {}, uuids or {}))
-    timeouts = CounterMetricFamily(
-        "accel_nvml_call_timeouts",
-        "NVML calls abandoned because they exceeded the scrape's bound (--nvml-timeout), since start.",
-        labels=["call"],
-    )
+    timeouts = CALL_TIMEOUTS.family()
     for call, count in sorted(snapshot.call_timeouts.items()):
-        timeouts.add_metric([call], count)
-    field_errors = CounterMetricFamily(
-        "accel_nvml_field_errors",
-        "NVML calls that failed with an error other than NOT_SUPPORTED or GPU_IS_LOST, since start.",
-        labels=["call", "error"],
-    )
+        timeouts.add((call,), count)
+    field_errors = FIELD_ERRORS.family()
     for (call, error), count in sorted(snapshot.field_errors.items()):
-        field_errors.add_metric([call, error], count)
+        field_errors.add((call, error), count)
     return [gpus, *families.all(), timeouts, field_errors]
 
 
@@ -211,12 +236,8 @@ def nvml_xid_metrics(xids: NvmlXidCounts) -> list[Metric]:
 
     Counts start when the exporter began watching (not at boot, unlike the kernel-log counts).
     """
-    family = CounterMetricFamily(
-        "accel_gpu_xid_errors",
-        "NVIDIA Xid events from NVML's event API since the exporter began watching (kernel log unreadable).",
-        labels=["pci_bus_id", "gpu", "xid"],
-    )
+    family = XIDS.family()
     for (pci_bus_id, xid), count in sorted(xids.counts.items()):
         index = xids.gpu_indices.get(pci_bus_id)
-        family.add_metric([pci_bus_id, "" if index is None else str(index), str(xid)], count)
+        family.add((pci_bus_id, "" if index is None else str(index), str(xid)), count)
     return [family]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
@@ -12,7 +13,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from exporter.collectors.kmsg import kmsg_metrics
-from exporter.exposition import encode, generate_text, go_float
+from exporter.exposition import FamilySpec, encode, generate_text, go_float
 from exporter.readers.kmsg import KmsgTally
 from exporter.sources import ExporterSettings, build_registry, build_sources
 from tests.exporter.helpers import GPU_NODE, TRN_NODE
@@ -97,3 +98,77 @@ def test_the_exporter_answers_with_the_text_format() -> None:
     registry = build_registry(build_sources(settings, kmsg=None, nvml=None))
     text = generate_text(registry).decode()
     assert '# TYPE accel_pci_devices gauge\naccel_pci_devices{vendor="nvidia"} 8.0\n' in text
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    samples=st.lists(st.tuples(label_values, label_values, values), min_size=0, max_size=6),
+    help_text=st.text(max_size=30),
+    counter=st.booleans(),
+)
+def test_a_family_built_from_a_spec_encodes_like_prometheus_client(
+    samples: list[tuple[str, str, float]], help_text: str, counter: bool
+) -> None:
+    spec = FamilySpec("accel_test_rows", help_text, "counter" if counter else "gauge", ["b", "a"])
+    reference: Metric
+    if counter:
+        reference = CounterMetricFamily("accel_test_rows", help_text, labels=["b", "a"])
+    else:
+        reference = GaugeMetricFamily("accel_test_rows", help_text, labels=["b", "a"])
+    for b, a, value in samples:
+        reference.add_metric([b, a], value)
+    expected = generate_latest(registry_of([reference]))
+    for _scrape in range(2):  # the second scrape renders from the spec's cache
+        family = spec.family()
+        for b, a, value in samples:
+            family.add((b, a), value)
+        assert encode([family]) == expected
+        assert family.samples == reference.samples
+
+
+def test_a_family_without_labels_and_one_among_plain_families_encode_like_prometheus_client() -> None:
+    spec = FamilySpec("accel_test_count", "How many.", "gauge", ())
+    family = spec.family()
+    family.add((), 8)
+    plain = GaugeMetricFamily("accel_test_level", "x", labels=["a"])
+    plain.add_metric(["1"], 2.5)
+    reference = GaugeMetricFamily("accel_test_count", "How many.")
+    reference.add_metric([], 8)
+    assert encode([plain, family]) == generate_latest(registry_of([plain, reference]))
+    assert b"accel_test_count 8.0\n" in (encode([family]) or b"")
+
+
+def test_family_specs_refuse_what_the_text_format_would_need_to_escape() -> None:
+    with pytest.raises(ValueError, match="invalid family name"):
+        FamilySpec("accel-bad", "x", "gauge", ())
+    with pytest.raises(ValueError, match="invalid family name"):
+        FamilySpec("accel_things_total", "x", "counter", ())
+    with pytest.raises(ValueError, match="invalid label name"):
+        FamilySpec("accel_ok", "x", "gauge", ("__reserved",))
+    with pytest.raises(ValueError, match="repeated label names"):
+        FamilySpec("accel_ok", "x", "gauge", ("a", "a"))
+    with pytest.raises(ValueError, match="only gauges and counters"):
+        FamilySpec("accel_ok", "x", "histogram", ())  # type: ignore[arg-type]  # the mistake under test
+    family = FamilySpec("accel_ok", "x", "gauge", ("a", "b")).family()
+    with pytest.raises(ValueError, match="1 label values, expected"):
+        family.add(("only one",), 1)
+    assert family.rows == []
+    with pytest.raises(TypeError, match="add\\(\\)"):
+        family.samples = list(GaugeMetricFamily("accel_ok", "x", value=1).samples)
+
+
+def test_the_rendered_label_sets_a_spec_keeps_are_bounded() -> None:
+    spec = FamilySpec("accel_test_churn", "x", "gauge", ("id",), max_cached=4)
+    for scrape in range(3):
+        family = spec.family()
+        for series in range(10):
+            family.add((f"{scrape}-{series}",), series)
+        text = (encode([family]) or b"").decode()
+        assert f'accel_test_churn{{id="{scrape}-9"}} 9.0\n' in text
+        assert len(spec._prefixes) <= 4  # the bound is the behaviour under test
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(min_value=-(2**70), max_value=2**70))
+def test_integer_values_are_written_as_go_writes_them(value: int) -> None:
+    assert go_float(value) == floatToGoString(value)  # type: ignore[no-untyped-call]  # untyped upstream
