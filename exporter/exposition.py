@@ -145,9 +145,16 @@ class Family(Metric):
 
     def text(self) -> str:
         """The family in the text format."""
-        prefix = self.spec.prefix
-        lines = [f"{prefix(values)}{go_float(value)}\n" for values, value in self.rows]
-        return self.spec.header + "".join(lines)
+        spec = self.spec
+        cached, prefix = spec._prefixes.get, spec.prefix  # the spec is this module's own class
+        lines = [spec.header]
+        for values, value in self.rows:
+            line = cached(values) or prefix(values)
+            if type(value) is int and 0 <= value < 1_000_000:  # most counts: go_float's fast case, inline
+                lines.append(f"{line}{value}.0\n")
+            else:
+                lines.append(f"{line}{go_float(value)}\n")
+        return "".join(lines)
 
 
 def encode(families: Iterable[Metric]) -> bytes | None:

@@ -193,15 +193,31 @@ class _Families:
                 families[RETIRED_PENDING].add(labels, int(pages.pending))
 
     def _nvlinks(self, gpu: NvmlGpuHealth, labels: Labels) -> None:
-        up, errors = self.by_spec[NVLINK_UP].add, self.by_spec[NVLINK_ERRORS].add
+        up, errors = self.by_spec[NVLINK_UP].rows.append, self.by_spec[NVLINK_ERRORS].rows.append
         for nvlink in gpu.nvlinks:
-            link = (*labels, str(nvlink.link))
+            key = (labels, nvlink.link)
+            if (link_labels := _LINK_LABELS.get(key)) is None:
+                link_labels = _link_labels(key)
             if nvlink.up is not None:
-                up(link, int(nvlink.up))
+                up((link_labels[0], int(nvlink.up)))
             counts = (nvlink.crc_flit, nvlink.crc_data, nvlink.replay, nvlink.recovery)
-            for error, value in zip(_NVLINK_ERRORS, counts, strict=True):
+            for error_labels, value in zip(link_labels[1:], counts, strict=True):
                 if value is not None:
-                    errors((*link, error), value)
+                    errors((error_labels, value))
+
+
+_LINK_LABELS: dict[tuple[Labels, int], tuple[Labels, ...]] = {}
+"""(GPU labels, link) -> the link's label values for ``accel_gpu_nvlink_up``, then for each error of
+``accel_gpu_nvlink_errors``: a node's hundreds of NVLink series keep the same labels scrape after scrape."""
+
+
+def _link_labels(key: tuple[Labels, int]) -> tuple[Labels, ...]:
+    labels, link = key
+    up = (*labels, str(link))
+    if len(_LINK_LABELS) >= 4096:  # GPUs replaced over a long uptime: start again rather than grow
+        _LINK_LABELS.clear()
+    value = _LINK_LABELS[key] = (up, *((*up, error) for error in _NVLINK_ERRORS))
+    return value
 
 
 def nvml_metrics(

@@ -34,10 +34,10 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
 from exporter.readers.kmsg import normalise_pci_bus_id
 
@@ -115,9 +115,8 @@ class PcieStatus:
     """Receive throughput sampled by NVML over about 20 ms (NVML reports KiB/s)."""
 
 
-@dataclass(frozen=True)
-class NvLink:
-    """One NVLink link of a GPU."""
+class NvLink(NamedTuple):
+    """One NVLink link of a GPU (a named tuple: a GPU read makes 18 of them per GPU)."""
 
     link: int
     """Link index, 0-based."""
@@ -230,11 +229,30 @@ class NvmlReader(Protocol):
 T = TypeVar("T")
 
 
+class _Countdown:
+    """Set once its ``count`` jobs have all finished, so a reader waits once rather than on each job
+    (every wait that wakes is a thread switch)."""
+
+    def __init__(self, count: int) -> None:
+        self._left = count
+        self._lock = threading.Lock()
+        self.done = threading.Event()
+        if count <= 0:
+            self.done.set()
+
+    def finished(self) -> None:
+        with self._lock:
+            self._left -= 1
+            if self._left == 0:
+                self.done.set()
+
+
 class _Job(Generic[T]):
     """One unit of work for a lane; ``call`` names the NVML call in progress."""
 
-    def __init__(self, work: Callable[[_Job[T]], T]) -> None:
+    def __init__(self, work: Callable[[_Job[T]], T], countdown: _Countdown | None = None) -> None:
         self.work = work
+        self.countdown = countdown
         self.done = threading.Event()
         self.call = ""
         self.call_started = time.monotonic()
@@ -251,6 +269,8 @@ class _Job(Generic[T]):
             self.error = exc
         finally:
             self.done.set()
+            if self.countdown is not None:
+                self.countdown.finished()
 
 
 class _Lane:
@@ -330,15 +350,51 @@ class _Calls:
         try:
             return getattr(self._nvml, call)(*args)
         except self._nvml.NVMLError as exc:
-            code = getattr(exc, "value", None)
-            if code == self._lost:
-                raise _GpuLostError(call) from exc
-            if code != self._not_supported and code not in absent:
-                self.count(call, _error_name(exc))
+            self._account(call, exc, absent)
             return None
         except (AttributeError, TypeError, ValueError, OSError) as exc:  # an old pynvml or libnvidia-ml
             self.count(call, _error_name(exc))
             return None
+
+    def each(self, call: str, handle: Any, arguments: Sequence[tuple[object, ...]]) -> list[Any]:
+        """``get(call, handle, *args)`` for every ``args`` in ``arguments``, in order; cheaper per call
+        (one lookup of the function), which matters for the hundreds of per-link NVLink calls."""
+        job = self._job
+        job.call = call
+        try:
+            function = getattr(self._nvml, call)
+        except AttributeError as exc:  # an old pynvml
+            self.count(call, _error_name(exc))
+            return [None] * len(arguments)
+        nvml_error = self._nvml.NVMLError
+        monotonic = time.monotonic
+        results: list[Any] = []
+        for args in arguments:
+            job.call_started = monotonic()
+            try:
+                results.append(function(handle, *args))
+            except nvml_error as exc:
+                self._account(call, exc, ())
+                results.append(None)
+            except (TypeError, ValueError, OSError) as exc:
+                self.count(call, _error_name(exc))
+                results.append(None)
+        return results
+
+    def _account(self, call: str, exc: BaseException, absent: tuple[int, ...]) -> None:
+        """Counts an NVML error unless it means unsupported (or is ``absent``); raises
+        :class:`_GpuLostError` for a lost GPU."""
+        code = getattr(exc, "value", None)
+        if code == self._lost:
+            raise _GpuLostError(call) from exc
+        if code != self._not_supported and code not in absent:
+            self.count(call, _error_name(exc))
+
+    def get_failed(self, call: str, code: int, *, absent: tuple[int, ...] = ()) -> None:
+        """Accounts for an NVML error code returned in a value (a field of ``nvmlDeviceGetFieldValues``)
+        as :meth:`get` accounts for a raised one."""
+        self.last_failed = False
+        self._account(call, self._nvml.NVMLError(code), absent)
 
     def count(self, call: str, error: str) -> None:
         self.last_failed = True
@@ -367,6 +423,8 @@ class _Identity:
     """Empty until NVML told it."""
     links: tuple[int, ...] | None = None
     """NVLink indices the GPU has, once a probe of every index succeeded."""
+    batched_states: bool | None = None
+    """Whether one ``nvmlDeviceGetFieldValues`` call reads the link states; None until tried."""
 
 
 @dataclass(frozen=True)
@@ -419,20 +477,26 @@ class _GpuReader:
         )
         """In the order of :class:`EccErrors`' fields."""
         self.nvlink_counters = (
-            ("crc_flit", nvml.NVML_NVLINK_ERROR_DL_CRC_FLIT),
-            ("crc_data", nvml.NVML_NVLINK_ERROR_DL_CRC_DATA),
-            ("replay", nvml.NVML_NVLINK_ERROR_DL_REPLAY),
-            ("recovery", nvml.NVML_NVLINK_ERROR_DL_RECOVERY),
+            nvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+            nvml.NVML_NVLINK_ERROR_DL_CRC_DATA,
+            nvml.NVML_NVLINK_ERROR_DL_REPLAY,
+            nvml.NVML_NVLINK_ERROR_DL_RECOVERY,
         )
+        """In the order of :class:`NvLink`'s counter fields."""
+        self.state_field: int | None = getattr(nvml, "NVML_FI_DEV_NVLINK_GET_STATE", None)
+        """The field id of a link's state (scoped by link index), where pynvml knows it."""
+        self.success = int(nvml.NVML_SUCCESS)
+        self._counter_arguments: dict[tuple[int, ...], list[tuple[int, int]]] = {}
 
     def read(self, job: _Job[_GpuResult], index: int, known: _Identity) -> _GpuResult:
         calls = _Calls(self.nvml, job)
-        handle, uuid, pci_bus_id, model, links = (
+        handle, uuid, pci_bus_id, model, links, batched = (
             known.handle,
             known.uuid,
             known.pci_bus_id,
             known.model,
             known.links,
+            known.batched_states,
         )
         try:
             if handle is None:
@@ -444,9 +508,14 @@ class _GpuReader:
                 pci_bus_id = pci_bus_id or self._bus_id(calls, handle)
                 model = model or _text(calls.get("nvmlDeviceGetName", handle) or "")
                 job.learnt = _Identity(
-                    handle=handle, uuid=uuid, pci_bus_id=pci_bus_id, model=model, links=links
+                    handle=handle,
+                    uuid=uuid,
+                    pci_bus_id=pci_bus_id,
+                    model=model,
+                    links=links,
+                    batched_states=batched,
                 )
-                nvlinks, probed = self._nvlinks(calls, handle, links)
+                nvlinks, probed, batched = self._nvlinks(calls, handle, links, batched)
                 links = links if links is not None else probed
                 health = NvmlGpuHealth(
                     index=index,
@@ -467,7 +536,14 @@ class _GpuReader:
                 )
         except _GpuLostError:
             health = NvmlGpuHealth(index=index, status="lost", uuid=uuid, pci_bus_id=pci_bus_id, model=model)
-        identity = _Identity(handle=handle, uuid=uuid, pci_bus_id=pci_bus_id, model=model, links=links)
+        identity = _Identity(
+            handle=handle,
+            uuid=uuid,
+            pci_bus_id=pci_bus_id,
+            model=model,
+            links=links,
+            batched_states=batched,
+        )
         return _GpuResult(health=health, identity=identity, errors=calls.errors)
 
     @staticmethod
@@ -540,28 +616,72 @@ class _GpuReader:
         return None if status == PcieStatus() else status
 
     def _nvlinks(
-        self, calls: _Calls, handle: Any, known: tuple[int, ...] | None
-    ) -> tuple[tuple[NvLink, ...], tuple[int, ...] | None]:
-        """The links read, and (on a first, complete probe) the link indices the GPU has.
+        self, calls: _Calls, handle: Any, known: tuple[int, ...] | None, batched: bool | None
+    ) -> tuple[tuple[NvLink, ...], tuple[int, ...] | None, bool | None]:
+        """The links read; (on a first, complete probe) the link indices the GPU has; and whether the
+        batched state read works on this GPU.
 
         Until the indices are known every index up to NVML's maximum is probed; an index the GPU does
         not have answers NOT_SUPPORTED or INVALID_ARGUMENT.
         """
-        links: list[NvLink] = []
+        indices = tuple(range(self.max_links)) if known is None else known
+        states = self._batched_states(calls, handle, indices) if batched is not False else None
+        if states is None:
+            if batched is None:
+                batched = False
+            states = {}
+            for link in indices:
+                state = calls.get("nvmlDeviceGetNvLinkState", handle, link, absent=(self.invalid_argument,))
+                states[link] = (state, calls.last_failed)
+        else:
+            batched = True
         probe_failed = False
-        for link in range(self.max_links) if known is None else known:
-            state = calls.get("nvmlDeviceGetNvLinkState", handle, link, absent=(self.invalid_argument,))
+        present: list[int] = []
+        for link in indices:
+            state, failed = states[link]
             if state is None and known is None:
-                probe_failed = probe_failed or calls.last_failed
+                probe_failed = probe_failed or failed
                 continue
-            counters = {
-                name: calls.get("nvmlDeviceGetNvLinkErrorCounter", handle, link, counter)
-                for name, counter in self.nvlink_counters
-            }
-            links.append(NvLink(link=link, up=_flag(state), **counters))
+            present.append(link)
+        arguments = self._counter_arguments.get(tuple(present))
+        if arguments is None:
+            arguments = [(link, counter) for link in present for counter in self.nvlink_counters]
+            self._counter_arguments[tuple(present)] = arguments
+        counts = calls.each("nvmlDeviceGetNvLinkErrorCounter", handle, arguments)
+        links = tuple(
+            NvLink(link, _flag(states[link][0]), *counts[4 * position : 4 * position + 4])
+            for position, link in enumerate(present)
+        )
         if known is not None or probe_failed:
-            return tuple(links), None
-        return tuple(links), tuple(link.link for link in links)
+            return links, None, batched
+        return links, tuple(present), batched
+
+    def _batched_states(
+        self, calls: _Calls, handle: Any, indices: tuple[int, ...]
+    ) -> dict[int, tuple[Any, bool]] | None:
+        """Link index -> (state or None, whether it failed), from one ``nvmlDeviceGetFieldValues``
+        call (``NVML_FI_DEV_NVLINK_GET_STATE`` scoped by link, as used for Hopper and later); None
+        where that does not work here, so the caller asks link by link.
+
+        A GPU that answers no link this way (before Hopper, or an old library) is asked link by link.
+        """
+        if self.state_field is None or not indices:
+            return None
+        call = "nvmlDeviceGetFieldValues"
+        values = calls.get(call, handle, [(self.state_field, link) for link in indices])
+        if values is None or len(values) != len(indices):
+            return None
+        states: dict[int, tuple[Any, bool]] = {}
+        answered = False
+        for link, value in zip(indices, values, strict=True):
+            code = int(value.nvmlReturn)
+            if code == self.success:
+                states[link] = (int(value.value.uiVal), False)
+                answered = True
+            else:
+                calls.get_failed(call, code, absent=(self.invalid_argument,))
+                states[link] = (None, calls.last_failed)
+        return states if answered else None
 
     def _throttle(self, calls: _Calls, handle: Any) -> ClockThrottle | None:
         active = calls.get(self.throttle_call, handle)
@@ -785,19 +905,25 @@ class PynvmlReader:
     def _read_gpus(self, count: int, deadline: float) -> tuple[NvmlGpuHealth, ...]:
         gpu_reader = self._gpu_reader
         assert gpu_reader is not None  # set with self._nvml
-        jobs: dict[int, _Job[_GpuResult]] = {}
         gpus: dict[int, NvmlGpuHealth] = {}
+        free: dict[int, _Lane] = {}
         for index in range(count):
             lane = self._lanes.get(index)
             if lane is None:
                 lane = self._lanes[index] = _Lane(f"nvml-gpu{index}")
             if (busy := lane.busy()) is not None:
                 gpus[index] = self._stalled(index, busy, "stuck")
-                continue
+            else:
+                free[index] = lane
+        countdown = _Countdown(len(free))
+        jobs: dict[int, _Job[_GpuResult]] = {}
+        for index, lane in free.items():
             known = self._known.get(index, _Identity())
-            jobs[index] = lane.submit(_Job(functools.partial(gpu_reader.read, index=index, known=known)))
+            work = functools.partial(gpu_reader.read, index=index, known=known)
+            jobs[index] = lane.submit(_Job(work, countdown))
+        countdown.done.wait(max(0.0, deadline - time.monotonic()))
         for index, job in jobs.items():
-            if not job.done.wait(max(0.0, deadline - time.monotonic())):
+            if not job.done.is_set():
                 self._timed_out(job.call, f"GPU {index}")
                 gpus[index] = self._stalled(index, job, "timeout")
             elif job.error is not None or job.result is None:

@@ -10,7 +10,9 @@ its own keys. Any value may instead be the name of an NVML error without its ``N
 (``"NOT_SUPPORTED"``, ``"UNKNOWN"`` ...), which the matching call raises. Per GPU, ``"lost": true``
 makes every call on its handle raise GPU_IS_LOST, ``"hang": [call, ...]`` makes those calls block
 until :attr:`FakeNvml.release` is set, and ``"errors": {call: error}`` makes one call fail. A GPU
-without ``"nvlink"`` has no NVLink.
+without ``"nvlink"`` has no NVLink. ``nvmlDeviceGetFieldValues`` answers only
+``NVML_FI_DEV_NVLINK_GET_STATE`` (scoped by link), from ``nvlink.state``; ``"nvlink_state_field":
+false`` makes it answer NOT_SUPPORTED for every link, as for GPUs before Hopper.
 """
 
 from __future__ import annotations
@@ -107,13 +109,17 @@ class FakeNvml:
         """Whether nvmlInit blocks until :attr:`release` is set."""
         self.release = threading.Event()
         """Set it to let hanging calls return."""
-        self.calls: Counter[str] = Counter()
-        """Calls made, by function name."""
+        self._log: list[str] = []
+        """Every call's function name, in order (appending is atomic, so lanes need no lock)."""
         self.initialised = 0
         """nvmlInit calls minus nvmlShutdown calls."""
         self.registered: set[int] = set()
         self._events: queue.SimpleQueue[FakeEventData] = queue.SimpleQueue()
-        self._lock = threading.Lock()
+
+    @property
+    def calls(self) -> Counter[str]:
+        """Calls made so far, by function name."""
+        return Counter(self._log)
 
     @classmethod
     def from_fixture(cls, name: str) -> FakeNvml:
@@ -134,17 +140,21 @@ class FakeNvml:
         )
 
     def _count(self, call: str) -> None:
-        with self._lock:
-            self.calls[call] += 1
+        self._log.append(call)
 
     def _gpu(self, handle: FakeHandle, call: str) -> dict[str, Any]:
-        self._count(call)
+        """The GPU's snapshot for one call: counts it, and applies ``hang``, ``errors`` and ``lost``.
+
+        Kept about as cheap as pynvml's own wrapper around a C call (a microsecond or so), so the
+        benchmark's read cost is the reader's, not the stand-in's.
+        """
+        self._log.append(call)
         if self.initialised <= 0:
             raise nvml_error("UNINITIALIZED")
         gpu = self.gpus[handle.index]
-        if call in gpu.get("hang", ()):
+        if "hang" in gpu and call in gpu["hang"]:
             self.release.wait(timeout=60)
-        if (error := gpu.get("errors", {}).get(call)) is not None:
+        if "errors" in gpu and (error := gpu["errors"].get(call)) is not None:
             raise nvml_error(error)
         if gpu.get("lost"):
             raise nvml_error("GPU_IS_LOST")
@@ -236,7 +246,9 @@ class FakeNvml:
     # -- NVLink -------------------------------------------------------------------------------------
 
     def _nvlink(self, handle: FakeHandle, call: str, link: int) -> dict[str, Any]:
-        nvlink: dict[str, Any] = _value(self._gpu(handle, call).get("nvlink", "NOT_SUPPORTED"))
+        nvlink: dict[str, Any] = self._gpu(handle, call).get("nvlink", "NOT_SUPPORTED")
+        if type(nvlink) is not dict:
+            nvlink = _value(nvlink)  # an error name: raises
         if not 0 <= link < len(nvlink["state"]):
             raise nvml_error("INVALID_ARGUMENT")
         return nvlink
@@ -244,9 +256,38 @@ class FakeNvml:
     def nvmlDeviceGetNvLinkState(self, handle: FakeHandle, link: int) -> int:
         return int(_value(self._nvlink(handle, "nvmlDeviceGetNvLinkState", link)["state"][link]))
 
+    def nvmlDeviceGetFieldValues(self, handle: FakeHandle, field_ids: list[Any]) -> list[SimpleNamespace]:
+        """pynvml's ``nvmlDeviceGetFieldValues``: ``field_ids`` are ids or (id, scope id) pairs; each
+        value carries its own ``nvmlReturn``."""
+        gpu = self._gpu(handle, "nvmlDeviceGetFieldValues")
+        results = []
+        for field_id in field_ids:
+            field, scope = field_id if isinstance(field_id, tuple) else (field_id, 0)
+            code, value = pynvml.NVML_ERROR_NOT_SUPPORTED, 0
+            nvlink = gpu.get("nvlink")
+            if (
+                field == pynvml.NVML_FI_DEV_NVLINK_GET_STATE
+                and isinstance(nvlink, dict)
+                and gpu.get("nvlink_state_field", True)
+                and scope < len(nvlink["state"])
+            ):
+                state = nvlink["state"][scope]
+                if isinstance(state, str):
+                    code = getattr(pynvml, f"NVML_ERROR_{state}")
+                else:
+                    code, value = pynvml.NVML_SUCCESS, int(state)
+            results.append(
+                SimpleNamespace(
+                    fieldId=field, scopeId=scope, nvmlReturn=code, value=SimpleNamespace(uiVal=value)
+                )
+            )
+        return results
+
     def nvmlDeviceGetNvLinkErrorCounter(self, handle: FakeHandle, link: int, counter: int) -> int:
         errors = self._nvlink(handle, "nvmlDeviceGetNvLinkErrorCounter", link)["errors"]
-        return int(_value(_value(errors[_NVLINK_COUNTERS[counter]])[link]))
+        counts = errors[_NVLINK_COUNTERS[counter]]
+        value = (counts if type(counts) is list else _value(counts))[link]
+        return value if type(value) is int else int(_value(value))
 
     # -- clocks, temperature, power -----------------------------------------------------------------
 
