@@ -1,7 +1,7 @@
 """Scrape cost the NVML source adds on an 8-GPU node, with a fake NVML (tests/fixtures/nvml/h100x8.json).
 
 Builds the exporter's registry for the DGX-H100-like example node twice, without and with the NVML
-source (8 fake H100s: about 950 series, 730 of them NVLink), and scrapes each alternately. Prints the
+source (8 fake H100s: 905 series, 720 of them NVLink), and scrapes each alternately. Prints the
 median added cost per scrape and its parts: the NVML read (including the fake's own bookkeeping),
 turning the snapshot into families, and prometheus_client's text exposition of those families.
 Target: added cost <= 5 ms.

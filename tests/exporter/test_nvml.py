@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+import pynvml  # the real library, only to ask a real GPU directly in the gpu-marked tests
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
@@ -110,6 +111,45 @@ def test_identity_and_nvlink_indices_are_asked_once_not_on_every_read(open_nvml:
     # First read probes every index pynvml knows; later reads only the A100's 12 links.
     probed = first["nvmlDeviceGetNvLinkState"]
     assert fake.calls["nvmlDeviceGetNvLinkState"] - probed == 8 * 12
+
+
+def test_hopper_link_states_come_from_one_field_values_call_per_gpu(open_nvml: Open) -> None:
+    fake, reader = open_nvml("h100x8")
+    for _ in range(3):
+        snapshot = reader.read()
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 3 * 8
+    assert fake.calls["nvmlDeviceGetNvLinkState"] == 0
+    assert fake.calls["nvmlDeviceGetNvLinkErrorCounter"] == 3 * 8 * 18 * 4
+    assert [len(gpu.nvlinks) for gpu in snapshot.gpus] == [18] * 8
+    assert all(link.up for gpu in snapshot.gpus for link in gpu.nvlinks)
+
+
+def test_batched_and_link_by_link_states_read_the_same(open_nvml: Open) -> None:
+    batched_fake, batched = open_nvml("h100x8")
+    per_link_fake, per_link = open_nvml("h100x8")
+    for fake in (batched_fake, per_link_fake):
+        fake.gpus[3]["nvlink"]["state"][5] = 0  # one link down
+    for gpu in per_link_fake.gpus:
+        gpu["nvlink_state_field"] = False
+    for _ in range(2):
+        expected, got = per_link.read(), batched.read()
+        assert got.gpus == expected.gpus
+    assert got.gpus[3].nvlinks[5].up is False
+    assert per_link_fake.calls["nvmlDeviceGetFieldValues"] == 8  # tried once per GPU, then not again
+    assert batched_fake.calls["nvmlDeviceGetNvLinkState"] == 0
+
+
+def test_a_link_state_field_that_fails_is_counted_and_its_counters_still_read(open_nvml: Open) -> None:
+    fake, reader = open_nvml("h100x8")
+    reader.read()
+    fake.gpus[3]["nvlink"]["state"][7] = "UNKNOWN"
+    snapshot = reader.read()
+    link = snapshot.gpus[3].nvlinks[7]
+    assert link.up is None
+    assert (link.crc_flit, link.replay) == (12, 4)
+    assert dict(snapshot.field_errors) == {("nvmlDeviceGetFieldValues", "unknown"): 1}
+    fake.gpus[3]["nvlink"]["state"][7] = "GPU_IS_LOST"
+    assert reader.read().gpus[3].status == "lost"
 
 
 def test_older_gpus_report_retired_pages_and_no_remapped_rows(open_nvml: Open) -> None:
@@ -537,6 +577,28 @@ def test_the_real_reader_has_the_shape_of_the_fake() -> None:
             real
         )
         assert reader.xid_events().counts is not None
+    finally:
+        reader.close()
+
+
+@pytest.mark.gpu
+def test_on_a_real_gpu_batched_link_states_agree_with_asking_link_by_link() -> None:
+    reader = PynvmlReader()
+    try:
+        started = time.perf_counter()
+        snapshot = reader.read()
+        took = time.perf_counter() - started
+        if not snapshot.available:
+            pytest.skip(f"no NVML here: {snapshot.reason}")
+        links = 0
+        for gpu in snapshot.gpus:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(gpu.index)
+            for link in gpu.nvlinks:
+                assert link.up == bool(pynvml.nvmlDeviceGetNvLinkState(handle, link.link)), (gpu, link)
+                links += 1
+        print(
+            f"real NVML: {len(snapshot.gpus)} GPUs, {links} NVLink links, one read took {took * 1000:.1f} ms"
+        )
     finally:
         reader.close()
 
