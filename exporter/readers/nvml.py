@@ -671,17 +671,17 @@ class _GpuReader:
         values = calls.get(call, handle, [(self.state_field, link) for link in indices])
         if values is None or len(values) != len(indices):
             return None
+        codes = [int(value.nvmlReturn) for value in values]
+        if self.success not in codes:  # nothing answered: asked link by link instead, nothing counted
+            return None
         states: dict[int, tuple[Any, bool]] = {}
-        answered = False
-        for link, value in zip(indices, values, strict=True):
-            code = int(value.nvmlReturn)
+        for link, value, code in zip(indices, values, codes, strict=True):
             if code == self.success:
                 states[link] = (int(value.value.uiVal), False)
-                answered = True
             else:
                 calls.get_failed(call, code, absent=(self.invalid_argument,))
                 states[link] = (None, calls.last_failed)
-        return states if answered else None
+        return states
 
     def _throttle(self, calls: _Calls, handle: Any) -> ClockThrottle | None:
         active = calls.get(self.throttle_call, handle)

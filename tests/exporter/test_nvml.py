@@ -148,7 +148,14 @@ def test_a_link_state_field_that_fails_is_counted_and_its_counters_still_read(op
     assert link.up is None
     assert (link.crc_flit, link.replay) == (12, 4)
     assert dict(snapshot.field_errors) == {("nvmlDeviceGetFieldValues", "unknown"): 1}
-    fake.gpus[3]["nvlink"]["state"][7] = "GPU_IS_LOST"
+    fake.gpus[3]["nvlink"]["state"] = ["UNKNOWN"] * 18  # the batch answers nothing: asked link by link
+    snapshot = reader.read()
+    assert [link.up for link in snapshot.gpus[3].nvlinks] == [None] * 18
+    assert dict(snapshot.field_errors) == {
+        ("nvmlDeviceGetFieldValues", "unknown"): 1,
+        ("nvmlDeviceGetNvLinkState", "unknown"): 18,
+    }
+    fake.gpus[3]["nvlink"]["state"] = [1] * 17 + ["GPU_IS_LOST"]
     assert reader.read().gpus[3].status == "lost"
 
 
