@@ -55,24 +55,32 @@ values = st.one_of(
 )
 
 
+rows = st.lists(st.tuples(label_values, label_values, values), min_size=0, max_size=6)
+
+
+def client_family(
+    name: str, help_text: str, *, counter: bool, labels: list[str], samples: list[tuple[str, str, float]]
+) -> Metric:
+    """prometheus_client's own counter or gauge family with one sample per (label, label, value)."""
+    family: Metric
+    if counter:
+        family = CounterMetricFamily(name, help_text, labels=labels)
+    else:
+        family = GaugeMetricFamily(name, help_text, labels=labels)
+    for first, second, value in samples:
+        family.add_metric([first, second], value)
+    return family
+
+
 @settings(max_examples=300, deadline=None)
-@given(
-    samples=st.lists(st.tuples(label_values, label_values, values), min_size=0, max_size=6),
-    help_text=st.text(max_size=30),
-    counter=st.booleans(),
-)
+@given(samples=rows, help_text=st.text(max_size=30), counter=st.booleans())
 def test_any_label_values_and_numbers_encode_like_prometheus_client(
     samples: list[tuple[str, str, float]], help_text: str, counter: bool
 ) -> None:
-    family: Metric
     if counter:
-        family = CounterMetricFamily("accel_test_things", help_text, labels=["a", "b"])
-        for a, b, value in samples:
-            family.add_metric([a, b], abs(value) if not math.isnan(value) else value)
-    else:
-        family = GaugeMetricFamily("accel_test_level", help_text, labels=["a", "b"])
-        for a, b, value in samples:
-            family.add_metric([a, b], value)
+        samples = [(a, b, abs(value) if not math.isnan(value) else value) for a, b, value in samples]
+    name = "accel_test_things" if counter else "accel_test_level"
+    family = client_family(name, help_text, counter=counter, labels=["a", "b"], samples=samples)
     assert encode([family]) == generate_latest(registry_of([family]))
 
 
@@ -101,22 +109,14 @@ def test_the_exporter_answers_with_the_text_format() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    samples=st.lists(st.tuples(label_values, label_values, values), min_size=0, max_size=6),
-    help_text=st.text(max_size=30),
-    counter=st.booleans(),
-)
+@given(samples=rows, help_text=st.text(max_size=30), counter=st.booleans())
 def test_a_family_built_from_a_spec_encodes_like_prometheus_client(
     samples: list[tuple[str, str, float]], help_text: str, counter: bool
 ) -> None:
     spec = FamilySpec("accel_test_rows", help_text, "counter" if counter else "gauge", ["b", "a"])
-    reference: Metric
-    if counter:
-        reference = CounterMetricFamily("accel_test_rows", help_text, labels=["b", "a"])
-    else:
-        reference = GaugeMetricFamily("accel_test_rows", help_text, labels=["b", "a"])
-    for b, a, value in samples:
-        reference.add_metric([b, a], value)
+    reference = client_family(
+        "accel_test_rows", help_text, counter=counter, labels=["b", "a"], samples=samples
+    )
     expected = generate_latest(registry_of([reference]))
     for _scrape in range(2):  # the second scrape renders from the spec's cache
         family = spec.family()
