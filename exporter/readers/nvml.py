@@ -668,7 +668,8 @@ class _GpuReader:
         if self.state_field is None or not indices:
             return None
         call = "nvmlDeviceGetFieldValues"
-        values = calls.get(call, handle, [(self.state_field, link) for link in indices])
+        fields = [(self.state_field, link) for link in indices]
+        values = calls.get(call, handle, fields, absent=(self.invalid_argument,))  # a driver without it
         if values is None or len(values) != len(indices):
             return None
         codes = [int(value.nvmlReturn) for value in values]

@@ -139,6 +139,17 @@ def test_batched_and_link_by_link_states_read_the_same(open_nvml: Open) -> None:
     assert batched_fake.calls["nvmlDeviceGetNvLinkState"] == 0
 
 
+def test_a_driver_that_does_not_know_the_state_field_is_asked_link_by_link(open_nvml: Open) -> None:
+    fake, reader = open_nvml("h100x8")
+    for gpu in fake.gpus:
+        gpu["errors"] = {"nvmlDeviceGetFieldValues": "INVALID_ARGUMENT"}
+    reader.read()
+    snapshot = reader.read()
+    assert all(len(gpu.nvlinks) == 18 and gpu.nvlinks[0].up for gpu in snapshot.gpus)
+    assert dict(snapshot.field_errors) == {}
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 8  # tried on the first read only
+
+
 def test_a_link_state_field_that_fails_is_counted_and_its_counters_still_read(open_nvml: Open) -> None:
     fake, reader = open_nvml("h100x8")
     reader.read()
