@@ -486,7 +486,6 @@ class _GpuReader:
         self.state_field: int | None = getattr(nvml, "NVML_FI_DEV_NVLINK_GET_STATE", None)
         """The field id of a link's state (scoped by link index), where pynvml knows it."""
         self.success = int(nvml.NVML_SUCCESS)
-        self._counter_arguments: dict[tuple[int, ...], list[tuple[int, int]]] = {}
 
     def read(self, job: _Job[_GpuResult], index: int, known: _Identity) -> _GpuResult:
         calls = _Calls(self.nvml, job)
@@ -643,10 +642,7 @@ class _GpuReader:
                 probe_failed = probe_failed or failed
                 continue
             present.append(link)
-        arguments = self._counter_arguments.get(tuple(present))
-        if arguments is None:
-            arguments = [(link, counter) for link in present for counter in self.nvlink_counters]
-            self._counter_arguments[tuple(present)] = arguments
+        arguments = [(link, counter) for link in present for counter in self.nvlink_counters]
         counts = calls.each("nvmlDeviceGetNvLinkErrorCounter", handle, arguments)
         links = tuple(
             NvLink(link, _flag(states[link][0]), *counts[4 * position : 4 * position + 4])
