@@ -10,8 +10,10 @@ that shape (another metric type, a timestamp, an exemplar, a name needing escapi
 Collectors with many series of a fixed shape (NVML: a thousand per 8-GPU node) build :class:`Family`
 objects from a :class:`FamilySpec` made once at import. A family holds label-value rows rather than
 prometheus_client samples, and its spec remembers each label set's rendered ``name{...}``, so a series
-already written in an earlier scrape costs one dictionary lookup. Its ``samples`` are still there for
-any other reader (built on demand), and its text is the same bytes ``generate_latest`` writes.
+already written in an earlier scrape costs one dictionary lookup. A collector may hand a family the very
+rows (an immutable tuple) it handed over in the previous scrape, when nothing in them changed: the spec
+then gives back that scrape's text without writing it again. Its ``samples`` are still there for any
+other reader (built on demand), and its text is the same bytes ``generate_latest`` writes.
 
 The exporter serves this format whatever the scraper's Accept header asks for, as node_exporter does by
 default; every Prometheus version parses it.
@@ -61,6 +63,8 @@ def _escape_value(value: str) -> str:
 
 
 Kind = Literal["gauge", "counter"]
+Row = tuple[tuple[str, ...], float]
+"""One series of a :class:`Family`: its label values (in the spec's label-name order) and value."""
 
 
 class FamilySpec:
@@ -95,10 +99,16 @@ class FamilySpec:
         self._order = sorted(range(len(self.labelnames)), key=self.labelnames.__getitem__)
         self._max_cached = max_cached
         self._prefixes: dict[tuple[str, ...], str] = {}
+        self._written: tuple[tuple[Row, ...], str] | None = None
+        """The last rows a family of this spec was given as a tuple, and their text."""
 
-    def family(self) -> Family:
-        """An empty family of this kind, for one scrape."""
-        return Family(self)
+    def family(self, rows: tuple[Row, ...] = ()) -> Family:
+        """A family of this kind for one scrape: empty, or holding ``rows``.
+
+        ``rows`` is for a collector that hands over the same tuple again while its series are
+        unchanged; a family holding the tuple last written is not written again.
+        """
+        return Family(self, rows)
 
     def prefix(self, values: tuple[str, ...]) -> str:
         """``name{label="value",...} `` for one label set (labels sorted by name, values escaped)."""
@@ -121,16 +131,20 @@ class Family(Metric):
     ``samples`` builds prometheus_client samples on demand, for readers other than :func:`encode`.
     """
 
-    def __init__(self, spec: FamilySpec) -> None:
+    def __init__(self, spec: FamilySpec, rows: tuple[Row, ...] = ()) -> None:
         self.spec = spec
-        self.rows: list[tuple[tuple[str, ...], float]] = []
+        self.rows: list[Row] | tuple[Row, ...] = rows if rows else []
+        """The series; a tuple when handed over whole (see :meth:`FamilySpec.family`)."""
         super().__init__(spec.name, spec.documentation, spec.kind)
 
     def add(self, values: tuple[str, ...], value: float) -> None:
         """One series: label values in the spec's label-name order."""
         if len(values) != len(self.spec.labelnames):
             raise ValueError(f"{self.spec.name}: {len(values)} label values, expected {self.spec.labelnames}")
-        self.rows.append((values, value))
+        rows = self.rows
+        if isinstance(rows, tuple):  # handed-over rows stay as they were; this family gets its own
+            rows = self.rows = list(rows)
+        rows.append((values, value))
 
     @property
     def samples(self) -> list[Sample]:
@@ -145,16 +159,22 @@ class Family(Metric):
 
     def text(self) -> str:
         """The family in the text format."""
-        spec = self.spec
-        cached, prefix = spec._prefixes.get, spec.prefix  # the spec is this module's own class
+        spec, rows = self.spec, self.rows
+        written = spec._written  # the spec is this module's own class
+        if written is not None and written[0] is rows:  # the same immutable rows as last written
+            return written[1]
+        cached, prefix = spec._prefixes.get, spec.prefix
         lines = [spec.header]
-        for values, value in self.rows:
+        for values, value in rows:
             line = cached(values) or prefix(values)
             if type(value) is int and 0 <= value < 1_000_000:  # most counts: go_float's fast case, inline
                 lines.append(f"{line}{value}.0\n")
             else:
                 lines.append(f"{line}{go_float(value)}\n")
-        return "".join(lines)
+        text = "".join(lines)
+        if isinstance(rows, tuple) and rows:
+            spec._written = (rows, text)
+        return text
 
 
 def encode(families: Iterable[Metric]) -> bytes | None:

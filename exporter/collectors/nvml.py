@@ -8,13 +8,14 @@ that is lost, timed out or stuck has only ``accel_gpu_nvml_up 0`` (and ``accel_g
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import ClassVar, NamedTuple
 
 from prometheus_client.core import Metric
 
 from exporter.collectors.framework import SourceUnavailableError
-from exporter.exposition import Family, FamilySpec
-from exporter.readers.nvml import NvmlGpuHealth, NvmlSnapshot, NvmlXidCounts
+from exporter.exposition import Family, FamilySpec, Row
+from exporter.readers.nvml import NvLink, NvmlGpuHealth, NvmlSnapshot, NvmlXidCounts
 
 GPU_LABELS = ("gpu", "uuid", "pci_bus_id", "model")
 
@@ -149,6 +150,9 @@ def _put(family: Family, labels: Labels, value: float | None) -> None:
 class _Families:
     """The per-GPU families of one scrape, filled one GPU at a time."""
 
+    last_nvlink_rows: ClassVar[_NvLinkRows | None] = None
+    """The NVLink rows built last, for any scrape in the process (replaced whole, never changed)."""
+
     def __init__(self) -> None:
         self.by_spec = {spec: spec.family() for spec in _PER_GPU}
 
@@ -165,8 +169,6 @@ class _Families:
         if (pcie := gpu.pcie) is not None:
             for spec, attribute, extra in _PCIE_SERIES:
                 _put(families[spec], labels + extra, getattr(pcie, attribute))
-        if gpu.nvlinks:
-            self._nvlinks(gpu, labels)
         if (reasons := gpu.clock_throttle) is not None:
             throttle = families[THROTTLE]
             for reason in _THROTTLE_REASONS:
@@ -192,18 +194,41 @@ class _Families:
             if pages.pending is not None:
                 families[RETIRED_PENDING].add(labels, int(pages.pending))
 
-    def _nvlinks(self, gpu: NvmlGpuHealth, labels: Labels) -> None:
-        up, errors = self.by_spec[NVLINK_UP].rows.append, self.by_spec[NVLINK_ERRORS].rows.append
-        for nvlink in gpu.nvlinks:
+    def add_nvlinks(self, gpus: Sequence[tuple[NvmlGpuHealth, Labels]]) -> None:
+        """Every GPU's NVLink series, in GPU order. While no link of any GPU changed (the usual case: a
+        healthy node's error counters stay put), the previous scrape's rows are handed over again, so
+        neither they nor their text are built again."""
+        links = tuple((labels, gpu.nvlinks) for gpu, labels in gpus if gpu.nvlinks)
+        last = _Families.last_nvlink_rows
+        if last is None or last.links != links:  # NvLink fields are ints, bools or None: == is exact
+            last = _Families.last_nvlink_rows = _nvlink_rows(links)
+        self.by_spec[NVLINK_UP] = NVLINK_UP.family(last.up)
+        self.by_spec[NVLINK_ERRORS] = NVLINK_ERRORS.family(last.errors)
+
+
+class _NvLinkRows(NamedTuple):
+    """The NVLink rows of one scrape, and the links they were built from."""
+
+    links: tuple[tuple[Labels, tuple[NvLink, ...]], ...]
+    up: tuple[Row, ...]
+    errors: tuple[Row, ...]
+
+
+def _nvlink_rows(links: tuple[tuple[Labels, tuple[NvLink, ...]], ...]) -> _NvLinkRows:
+    up: list[Row] = []
+    errors: list[Row] = []
+    for labels, nvlinks in links:
+        for nvlink in nvlinks:
             key = (labels, nvlink.link)
             if (link_labels := _LINK_LABELS.get(key)) is None:
                 link_labels = _link_labels(key)
             if nvlink.up is not None:
-                up((link_labels[0], int(nvlink.up)))
+                up.append((link_labels[0], int(nvlink.up)))
             counts = (nvlink.crc_flit, nvlink.crc_data, nvlink.replay, nvlink.recovery)
             for error_labels, value in zip(link_labels[1:], counts, strict=True):
                 if value is not None:
-                    errors((error_labels, value))
+                    errors.append((error_labels, value))
+    return _NvLinkRows(links, tuple(up), tuple(errors))
 
 
 _LINK_LABELS: dict[tuple[Labels, int], tuple[Labels, ...]] = {}
@@ -236,8 +261,10 @@ def nvml_metrics(
     gpus = GPUS.family()
     _put(gpus, (), snapshot.gpu_count)
     families = _Families()
-    for gpu in snapshot.gpus:
-        families.add(gpu, _labels(gpu, bus_ids or {}, uuids or {}))
+    labelled = [(gpu, _labels(gpu, bus_ids or {}, uuids or {})) for gpu in snapshot.gpus]
+    for gpu, labels in labelled:
+        families.add(gpu, labels)
+    families.add_nvlinks(labelled)
     timeouts = CALL_TIMEOUTS.family()
     for call, count in sorted(snapshot.call_timeouts.items()):
         timeouts.add((call,), count)

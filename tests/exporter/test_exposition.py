@@ -124,6 +124,11 @@ def test_a_family_built_from_a_spec_encodes_like_prometheus_client(
             family.add((b, a), value)
         assert encode([family]) == expected
         assert family.samples == reference.samples
+    handed_over = tuple(family.rows)
+    for _scrape in range(2):  # the second scrape gives back the text written for the same rows
+        family = spec.family(handed_over)
+        assert encode([family]) == expected
+        assert family.samples == reference.samples
 
 
 def test_a_family_without_labels_and_one_among_plain_families_encode_like_prometheus_client() -> None:
@@ -136,6 +141,23 @@ def test_a_family_without_labels_and_one_among_plain_families_encode_like_promet
     reference.add_metric([], 8)
     assert encode([plain, family]) == generate_latest(registry_of([plain, reference]))
     assert b"accel_test_count 8.0\n" in (encode([family]) or b"")
+
+
+def test_rows_handed_over_again_reuse_their_text_and_only_those_very_rows_do() -> None:
+    spec = FamilySpec("accel_test_links", "x", "counter", ("link",))
+    rows = ((("0",), 3), (("1",), 0))
+    first = spec.family(rows).text()
+    assert first.endswith('accel_test_links_total{link="0"} 3.0\naccel_test_links_total{link="1"} 0.0\n')
+    assert spec.family(rows).text() is first  # not written again
+    equal = ((("0",), 3), (("1",), 0.0))  # equal rows, another tuple: written again, never assumed
+    assert spec.family(equal).text() is not first
+    assert spec.family(equal).text() == first
+    assert spec.family(((("0",), 3), (("1",), -0.0))).text().endswith('{link="1"} -0.0\n')
+    grown = spec.family(rows)
+    grown.add(("2",), 5)  # a family given rows and then more gets its own list; the rows stay as they were
+    assert grown.text().endswith('{link="2"} 5.0\n')
+    assert rows == ((("0",), 3), (("1",), 0))
+    assert spec.family(rows).text() == first
 
 
 def test_family_specs_refuse_what_the_text_format_would_need_to_escape() -> None:

@@ -4,6 +4,7 @@ GPU exists (marked ``gpu``)."""
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from exporter.collectors.framework import SourceUnavailableError
 from exporter.collectors.nvml import GPU_LABELS, nvml_metrics
+from exporter.exposition import Family, encode
 from exporter.readers.kmsg import KmsgFollower
 from exporter.readers.nvml import NvmlSnapshot, PynvmlReader
 from exporter.sources import ExporterSettings, XidOwnership, build_registry, build_sources
@@ -63,10 +65,14 @@ class _Fixed(Collector):
         return self.families
 
 
-def nvml_registry(snapshot: NvmlSnapshot) -> CollectorRegistry:
+def families_registry(families: Iterable[Metric]) -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(_Fixed(nvml_metrics(snapshot)))
+    registry.register(_Fixed(families))
     return registry
+
+
+def nvml_registry(snapshot: NvmlSnapshot) -> CollectorRegistry:
+    return families_registry(nvml_metrics(snapshot))
 
 
 def node_registry(reader: PynvmlReader, *, kmsg: KmsgFollower | None = None) -> CollectorRegistry:
@@ -454,6 +460,38 @@ def test_every_per_gpu_series_carries_the_four_gpu_labels(open_nvml: Open) -> No
                 assert set(GPU_LABELS) <= set(sample.labels), sample
             else:
                 assert not set(GPU_LABELS) & set(sample.labels), sample
+
+
+def _nvlink_families(families: list[Metric]) -> list[Family]:
+    return [f for f in families if isinstance(f, Family) and f.name.startswith("accel_gpu_nvlink_")]
+
+
+def _series(name: str, labels: dict[str, str], value: int) -> str:
+    rendered = ",".join(f'{label}="{text}"' for label, text in sorted(labels.items()))
+    return f"{name}{{{rendered}}} {value}.0\n"
+
+
+def test_unchanged_nvlinks_are_handed_over_again_and_any_change_is_written(open_nvml: Open) -> None:
+    fake, reader = open_nvml("h100x8")
+    fake.gpus[3]["nvlink"] = copy.deepcopy(fake.gpus[3]["nvlink"])  # GPU 3's links alone
+    first = nvml_metrics(reader.read())
+    first_text = encode(first)
+    again = nvml_metrics(reader.read())  # a new snapshot with the same values
+    for before, after in zip(_nvlink_families(first), _nvlink_families(again), strict=True):
+        assert after.rows is before.rows  # handed over, not built again
+    assert encode(again) == first_text
+
+    fake.gpus[3]["nvlink"]["errors"]["replay"][7] += 5
+    fake.gpus[3]["nvlink"]["state"][16] = 0
+    changed = nvml_metrics(reader.read())
+    text = (encode(changed) or b"").decode()
+    assert text == generate_latest(families_registry(changed)).decode()
+    replay = fake.gpus[3]["nvlink"]["errors"]["replay"][7]
+    link7 = {**H100_GPU3, "link": "7", "error": "replay"}
+    assert _series("accel_gpu_nvlink_errors_total", link7, replay) in text
+    assert _series("accel_gpu_nvlink_errors_total", link7, replay - 5) in (first_text or b"").decode()
+    assert _series("accel_gpu_nvlink_up", {**H100_GPU3, "link": "16"}, 0) in text
+    assert _series("accel_gpu_nvlink_up", {**H100_GPU3, "link": "16"}, 1) not in text
 
 
 def test_the_h100_exposition_matches_the_golden_file(open_nvml: Open) -> None:
