@@ -11,6 +11,10 @@
  *   NVML_STUB_CALL_NS    CPU time each call spends, standing in for the driver (default 0)
  *   NVML_STUB_SAMPLE_NS  time nvmlDeviceGetPcieThroughput sleeps, as the real one samples (default 0;
  *                        NVML documents 20 ms)
+ *   NVML_STUB_STATE_CALL_FAILS  1: nvmlDeviceGetNvLinkState answers UNKNOWN, so a reader that asks
+ *                        link by link rather than through nvmlDeviceGetFieldValues shows errors
+ *   NVML_STUB_HANG_GPU   index of a GPU whose nvmlDeviceGetPowerUsage blocks for 60 s, as a call into
+ *                        a wedged GPU does (default none)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +24,7 @@
 typedef int nvmlReturn_t;
 typedef void *nvmlDevice_t;
 
-enum { SUCCESS = 0, INVALID_ARGUMENT = 2, NOT_SUPPORTED = 3 };
+enum { SUCCESS = 0, INVALID_ARGUMENT = 2, NOT_SUPPORTED = 3, UNKNOWN = 999 };
 enum { LINKS = 18, FI_DEV_NVLINK_GET_STATE = 165, VALUE_TYPE_UNSIGNED_INT = 1 };
 
 typedef struct {
@@ -127,7 +131,14 @@ nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t d, unsigned *v) { (void
 nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t d, unsigned *v) { (void)d; return answer(v, 16); }
 nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t d, unsigned *v) { (void)d; return answer(v, 0); }
 nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, int sensor, unsigned *v) { (void)d, (void)sensor; return answer(v, 40); }
-nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned *v) { (void)d; return answer(v, 500000); }
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned *value) {
+    if (gpu(device) == setting("NVML_STUB_HANG_GPU", -1)) {
+        struct timespec wedged = {60, 0};
+        nanosleep(&wedged, NULL);
+    }
+    return answer(value, 500000);
+}
 
 nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device, int counter, unsigned *value) {
     (void)device, (void)counter;
@@ -151,6 +162,7 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFieldV
 nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned link, int *active) {
     (void)device;
     if (link >= LINKS) return call(INVALID_ARGUMENT);
+    if (setting("NVML_STUB_STATE_CALL_FAILS", 0)) return call(UNKNOWN);
     *active = 1;
     return call(SUCCESS);
 }
