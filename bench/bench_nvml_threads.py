@@ -3,7 +3,7 @@
 The exporter's fake NVML (tests/exporter/fake_nvml.py) is Python: its calls never release the GIL.
 pynvml's calls go through ctypes, which releases the GIL around every C call, so the reader's worker
 threads (one per GPU, for hang isolation and so that slow driver calls overlap) hand the GIL to one
-another on every call. This benchmark measures that: it builds bench/nvml_stub.c, a libnvidia-ml.so.1
+another on every call. This benchmark measures that: it builds tests/exporter/nvml_stub.c, a libnvidia-ml.so.1
 that does nothing and is shaped like a node of H100s, and has the exporter's reader load it as it loads
 the real library (``pynvml`` with ``LD_LIBRARY_PATH``), in a child process per case.
 
@@ -17,15 +17,15 @@ Needs a C compiler (``cc``); without one it says so and exits.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STUB = ROOT / "bench" / "nvml_stub.c"
+if str(ROOT) not in sys.path:  # run as `python bench/bench_nvml_threads.py`: the stub lives in the tests
+    sys.path.insert(0, str(ROOT))
+from tests.exporter import stub_driver  # noqa: E402 -- needs the path set up just above
 
 CHILD = """
 import json, statistics, sys, time
@@ -51,14 +51,8 @@ CASES = (
 )
 
 
-def read_cost(library_dir: str, *, gpus: int, call_ns: int, sample_ns: int, reads: int) -> dict[str, float]:
-    env = {
-        **os.environ,
-        "LD_LIBRARY_PATH": library_dir,
-        "NVML_STUB_GPUS": str(gpus),
-        "NVML_STUB_CALL_NS": str(call_ns),
-        "NVML_STUB_SAMPLE_NS": str(sample_ns),
-    }
+def read_cost(library: Path, *, gpus: int, call_ns: int, sample_ns: int, reads: int) -> dict[str, float]:
+    env = stub_driver.environment(library, gpus=gpus, call_ns=call_ns, sample_ns=sample_ns)
     done = subprocess.run(
         [sys.executable, "-c", CHILD, str(reads)],
         env=env,
@@ -73,16 +67,14 @@ def read_cost(library_dir: str, *, gpus: int, call_ns: int, sample_ns: int, read
 
 
 def main() -> None:
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        print("nvml threads: skipped, no C compiler to build bench/nvml_stub.c")
-        return
-    with tempfile.TemporaryDirectory() as library_dir:
-        library = Path(library_dir) / "libnvidia-ml.so.1"
-        subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(library), str(STUB)], check=True)
+    with tempfile.TemporaryDirectory() as directory:
+        library = stub_driver.build(Path(directory))
+        if library is None:
+            print("nvml threads: skipped, no C compiler to build tests/exporter/nvml_stub.c")
+            return
         for name, call_ns, sample_ns, reads in CASES:
-            eight = read_cost(library_dir, gpus=8, call_ns=call_ns, sample_ns=sample_ns, reads=reads)
-            one = read_cost(library_dir, gpus=1, call_ns=call_ns, sample_ns=sample_ns, reads=reads)
+            eight = read_cost(library, gpus=8, call_ns=call_ns, sample_ns=sample_ns, reads=reads)
+            one = read_cost(library, gpus=1, call_ns=call_ns, sample_ns=sample_ns, reads=reads)
             print(
                 f"nvml read through pynvml, stub driver, {name}: 8 GPUs on their own threads "
                 f"{eight['wall']:.1f} ms wall, {eight['cpu']:.1f} ms CPU; 1 GPU {one['wall']:.2f} ms wall, "

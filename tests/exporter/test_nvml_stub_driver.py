@@ -1,4 +1,4 @@
-"""The NVML reader through the real pynvml, on a C stub of libnvidia-ml (bench/nvml_stub.c).
+"""The NVML reader through the real pynvml, on a C stub of libnvidia-ml (nvml_stub.c beside this file).
 
 The fake NVML stands in for pynvml; these tests keep pynvml itself and replace only the driver library,
 so ctypes structures (field values, PCI info), pynvml's error mapping and a call that blocks in C with
@@ -10,8 +10,6 @@ compiler.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +17,9 @@ from typing import Any
 
 import pytest
 
+from tests.exporter import stub_driver
+
 ROOT = Path(__file__).resolve().parents[2]
-STUB = ROOT / "bench" / "nvml_stub.c"
 
 CHILD = """
 import json, os, sys, time
@@ -60,21 +59,14 @@ os._exit(0)  # without waiting for a thread still blocked in the wedged call
 
 @pytest.fixture(scope="module")
 def stub_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
+    directory = stub_driver.build(tmp_path_factory.mktemp("nvml-stub"))
+    if directory is None:
         pytest.skip("no C compiler to build the stub libnvidia-ml")
-    directory = tmp_path_factory.mktemp("nvml-stub")
-    library = directory / "libnvidia-ml.so.1"
-    subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(library), str(STUB)], check=True)
     return directory
 
 
 def read_through_stub(library: Path, *, timeout: float, reads: int, **stub: str) -> list[dict[str, Any]]:
-    env = {
-        **os.environ,
-        "LD_LIBRARY_PATH": str(library),
-        **{f"NVML_STUB_{k.upper()}": v for k, v in stub.items()},
-    }
+    env = stub_driver.environment(library, **stub)
     done = subprocess.run(
         [sys.executable, "-c", CHILD, str(timeout), str(reads)],
         env=env,

@@ -1,5 +1,5 @@
 /*
- * A libnvidia-ml.so.1 that does nothing, shaped like a node of H100s, for bench/bench_nvml_threads.py.
+ * A libnvidia-ml.so.1 that does nothing, shaped like a node of H100s, for bench/bench_nvml_threads.py and tests/exporter/test_nvml_stub_driver.py.
  *
  * It exports the NVML functions the exporter's reader calls, with the C signatures pynvml calls them
  * by, so pynvml's own wrappers run as on a GPU machine and ctypes releases the GIL around every call.
