@@ -148,7 +148,8 @@ def _put(family: Family, labels: Labels, value: float | None) -> None:
 
 
 class _Families:
-    """The per-GPU families of one scrape, filled one GPU at a time."""
+    """The per-GPU families of one scrape: filled one GPU at a time, then the NVLink families for all
+    GPUs at once."""
 
     last_nvlink_rows: ClassVar[_NvLinkRows | None] = None
     """The NVLink rows built last, for any scrape in the process (replaced whole, never changed)."""
