@@ -12,12 +12,19 @@ NVML errors map to values:
 - any other error: the field is None and ``(call, error)`` is counted in ``field_errors``.
 
 Bounded calls: NVML can block for minutes on a wedged GPU (the calling thread sits in D state). Every
-call therefore runs on a worker thread, a *lane*: one lane for initialisation and enumeration, one per
-GPU. A read waits for its lanes until a single deadline (``timeout`` seconds after it started) and
-abandons the jobs still running: their current call is counted in ``call_timeouts`` and their GPU
-reported ``timeout``. An abandoned call keeps its lane busy, and later reads report that GPU ``stuck``
-(naming the call and how long it has been outstanding) instead of starting another thread; once the
-call returns, the lane takes work again. A wedged GPU therefore costs one thread, not one per scrape.
+call therefore runs on a worker thread: one thread, the *system lane*, for initialisation and
+enumeration, and a pool of workers for the GPUs. A read waits for its GPUs until a single deadline
+(``timeout`` seconds after it started) and abandons the jobs still running: their current call is
+counted in ``call_timeouts`` and their GPU reported ``timeout``. An abandoned call keeps its worker,
+and later reads report that GPU ``stuck`` (naming the call and how long it has been outstanding)
+instead of starting another read of it; once the call returns, the worker takes work again. A wedged
+GPU therefore costs one thread, not one per scrape.
+
+The GPUs of one read form a batch that workers take in turn (see :class:`_Batch`): one worker reads
+them one after another, and more join only where waiting would hold the others up, before NVML's 20 ms
+throughput sampling and once a read has waited ``patience`` seconds. Most NVML calls return in
+microseconds; eight threads taking turns for the GIL around every one of them cost more than they
+overlap, while the sampling, and a GPU that does not answer, must not hold the others up.
 
 Xid events: :meth:`PynvmlReader.xid_events` starts, on first use, a thread waiting on NVML's event API
 (``nvmlEventTypeXidCriticalError``) and returns the counts seen since then. The exporter uses them only
@@ -26,6 +33,7 @@ where the kernel log cannot be read (see ``exporter.sources``).
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import functools
 import importlib
@@ -50,7 +58,11 @@ is lost (fell off the bus); ``timeout``: a call for it did not return within thi
 ``error``: no handle for it (the error is counted)."""
 
 DEFAULT_TIMEOUT = 2.0
-"""Seconds one read may take, all GPUs together (they are read in parallel)."""
+"""Seconds one read may take, all GPUs together."""
+
+DEFAULT_PATIENCE = 0.02
+"""Seconds a read lets one worker read its GPUs one after another before it gives every GPU not yet
+begun a worker of its own (see :class:`_Batch`)."""
 
 _EMPTY: Mapping[Any, int] = MappingProxyType({})
 
@@ -248,7 +260,7 @@ class _Countdown:
 
 
 class _Job(Generic[T]):
-    """One unit of work for a lane; ``call`` names the NVML call in progress."""
+    """One unit of work for a worker thread; ``call`` names the NVML call in progress."""
 
     def __init__(self, work: Callable[[_Job[T]], T], countdown: _Countdown | None = None) -> None:
         self.work = work
@@ -261,6 +273,8 @@ class _Job(Generic[T]):
         self.learnt: Any = None
         """What the job learnt before finishing (a GPU job: the GPU's identity), for a reader that
         gives up waiting."""
+        self.hand_on: Callable[[], None] | None = None
+        """Called before a call that blocks for a while, so that other work need not wait for it."""
 
     def run(self) -> None:
         try:
@@ -288,9 +302,11 @@ class _Lane:
         return job if job is not None and not job.done.is_set() else None
 
     def submit(self, job: _Job[T]) -> _Job[T]:
+        """Queues the job; raises RuntimeError where the lane's thread cannot be started."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            thread.start()
+            self._thread = thread
         job.call_started = time.monotonic()
         self.current = job
         self._jobs.put(job)
@@ -302,6 +318,112 @@ class _Lane:
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
+            job.run()
+
+
+class _Workers:
+    """Daemon threads running functions from one shared queue. :meth:`run` hands a function to an idle
+    thread, starting one where none is idle. A thread stuck in NVML is not idle, so it is never
+    waited for; it takes work again once its call returns."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        """Threads waiting for work less work queued; below 0 where threads could not be started."""
+        self._started = 0
+        self._stopped = False
+
+    def run(self, work: Callable[[], None]) -> None:
+        with self._lock:
+            start = self._idle <= 0 and not self._stopped  # below 0: work queued that no thread took
+            if start:
+                self._started += 1
+            else:
+                self._idle -= 1
+            name = f"{self._name}-{self._started}"
+        self._work.put(work)
+        if start:
+            try:
+                threading.Thread(target=self._loop, name=name, daemon=True).start()
+            except RuntimeError as exc:  # a limit on threads (pids cgroup): the work waits for an idle one
+                with self._lock:
+                    self._idle -= 1
+                logger.warning("nvml: cannot start a worker thread: %s", exc)
+
+    def stop(self) -> None:
+        """Ends the idle threads, and every other one once its work returns."""
+        with self._lock:
+            self._stopped = True
+            idle, self._idle = self._idle, 0
+        for _ in range(max(idle, 0)):
+            self._work.put(None)
+
+    def _loop(self) -> None:
+        while (work := self._work.get()) is not None:
+            work()
+            with self._lock:
+                if self._stopped:
+                    return
+                self._idle += 1
+
+
+class _Batch:
+    """The GPU jobs of one read, each taken by the first worker free to take it.
+
+    One worker starts, and reads the GPUs one after another. Another joins, to carry on with the GPUs
+    left, when a job is about to block (:meth:`hand_on`: NVML samples PCIe throughput for 20 ms per
+    direction), unless one has been asked for and not yet begun; so the sampling of every GPU overlaps
+    while their short calls do not compete for the GIL. A read that has waited ``patience`` without
+    its batch done calls :meth:`spread`: one more worker per job left, so a GPU wedged in any call
+    holds up only itself. :meth:`withdraw` takes back, at the deadline, jobs no worker began.
+    """
+
+    def __init__(self, jobs: Sequence[_Job[Any]], workers: _Workers) -> None:
+        self._pending = collections.deque(jobs)
+        self._workers = workers
+        self._asked = 0
+        """Workers asked for by :meth:`hand_on` that have not yet begun."""
+        self._lock = threading.Lock()
+        for job in jobs:
+            job.hand_on = self.hand_on
+
+    def start(self) -> None:
+        if self._pending:
+            self._workers.run(self._drain)
+
+    def hand_on(self) -> None:
+        with self._lock:
+            if not self._pending or self._asked:
+                return
+            self._asked += 1
+        self._workers.run(self._joined)
+
+    def spread(self) -> None:
+        for _ in range(len(self._pending)):
+            self._workers.run(self._drain)
+
+    def withdraw(self) -> list[_Job[Any]]:
+        withdrawn = []
+        while True:
+            try:
+                withdrawn.append(self._pending.popleft())  # atomic: a job is withdrawn or taken, not both
+            except IndexError:
+                return withdrawn
+
+    def _joined(self) -> None:
+        with self._lock:
+            self._asked -= 1
+        self._drain()
+
+    def _drain(self) -> None:
+        pending = self._pending
+        while True:
+            try:
+                job = pending.popleft()
+            except IndexError:
+                return
             job.run()
 
 
@@ -381,6 +503,11 @@ class _Calls:
                 results.append(None)
         return results
 
+    def blocking_ahead(self) -> None:
+        """Says that the next calls block for a while, so other GPUs need not wait for them."""
+        if (hand_on := self._job.hand_on) is not None:
+            hand_on()
+
     def _account(self, call: str, exc: BaseException, absent: tuple[int, ...]) -> None:
         """Counts an NVML error unless it means unsupported (or is ``absent``); raises
         :class:`_GpuLostError` for a lost GPU."""
@@ -458,7 +585,7 @@ def _reason_bit(nvml: Any, suffix: str) -> int:
 
 
 class _GpuReader:
-    """Reads one GPU (on its lane): identity once, then every health field."""
+    """Reads one GPU (on a worker thread): identity once, then every health field."""
 
     def __init__(self, nvml: Any) -> None:
         self.nvml = nvml
@@ -599,12 +726,18 @@ class _GpuReader:
 
     def _pcie(self, calls: _Calls, handle: Any) -> PcieStatus | None:
         nvml = self.nvml
+        current_generation = calls.get("nvmlDeviceGetCurrPcieLinkGeneration", handle)
+        max_generation = calls.get("nvmlDeviceGetMaxPcieLinkGeneration", handle)
+        current_width = calls.get("nvmlDeviceGetCurrPcieLinkWidth", handle)
+        max_width = calls.get("nvmlDeviceGetMaxPcieLinkWidth", handle)
+        replay_errors = calls.get("nvmlDeviceGetPcieReplayCounter", handle)
+        calls.blocking_ahead()  # NVML samples throughput for 20 ms per direction
         status = PcieStatus(
-            current_generation=calls.get("nvmlDeviceGetCurrPcieLinkGeneration", handle),
-            max_generation=calls.get("nvmlDeviceGetMaxPcieLinkGeneration", handle),
-            current_width=calls.get("nvmlDeviceGetCurrPcieLinkWidth", handle),
-            max_width=calls.get("nvmlDeviceGetMaxPcieLinkWidth", handle),
-            replay_errors=calls.get("nvmlDeviceGetPcieReplayCounter", handle),
+            current_generation=current_generation,
+            max_generation=max_generation,
+            current_width=current_width,
+            max_width=max_width,
+            replay_errors=replay_errors,
             tx_bytes_per_second=_scaled(
                 calls.get("nvmlDeviceGetPcieThroughput", handle, nvml.NVML_PCIE_UTIL_TX_BYTES), 1024.0
             ),
@@ -808,10 +941,18 @@ class PynvmlReader:
     """
 
     def __init__(
-        self, *, timeout: float = DEFAULT_TIMEOUT, library: Any = None, event_wait_ms: int = 500
+        self,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        library: Any = None,
+        event_wait_ms: int = 500,
+        patience: float = DEFAULT_PATIENCE,
     ) -> None:
         self.timeout = timeout
         """Seconds one read may take, all GPUs together."""
+        self.patience = patience
+        """Seconds a read waits for its GPUs to be read one after another before it gives every GPU
+        not yet begun a worker of its own (at most a quarter of ``timeout``)."""
         self.event_wait_ms = event_wait_ms
         """How long the Xid watcher blocks in one ``nvmlEventSetWait`` (bounds how long stopping takes)."""
         self._library = library
@@ -820,7 +961,9 @@ class PynvmlReader:
         self._gpu_reader: _GpuReader | None = None
         self._read_lock = threading.Lock()
         self._system = _Lane("nvml")
-        self._lanes: dict[int, _Lane] = {}
+        self._workers = _Workers("nvml-gpus")
+        self._reading: dict[int, _Job[_GpuResult]] = {}
+        """GPU index -> its latest job; one not done is stuck (later reads skip the GPU)."""
         self._known: dict[int, _Identity] = {}
         self._timeouts: dict[str, int] = {}
         self._errors: dict[tuple[str, str], int] = {}
@@ -851,22 +994,30 @@ class PynvmlReader:
                 self._watcher.stop(timeout=self.event_wait_ms / 1000 + 0.5)
                 self._watcher = None
         with self._read_lock:
-            lanes = [self._system, *self._lanes.values()]
-            stuck = sum(1 for lane in lanes if lane.busy() is not None)
+            stuck = sum(1 for job in self._reading.values() if not job.done.is_set())
+            stuck += self._system.busy() is not None
             if self._nvml is not None and stuck:
                 logger.warning("nvml: %d NVML calls still stuck; not calling nvmlShutdown", stuck)
             elif self._nvml is not None:
-                job = self._system.submit(_Job(self._shutdown))
-                if not job.done.wait(self.timeout):
-                    logger.warning("nvml: nvmlShutdown did not return within %g s", self.timeout)
-                elif job.error is not None:
-                    logger.warning("nvml: shutdown failed: %s", job.error)
-            for lane in lanes:
-                lane.stop()
+                self._shut_down()
+            self._system.stop()
+            self._workers.stop()
             self._system = _Lane("nvml")
-            self._lanes = {}
+            self._workers = _Workers("nvml-gpus")
+            self._reading = {}
             self._known = {}
             self._nvml = None
+
+    def _shut_down(self) -> None:
+        try:
+            job = self._system.submit(_Job(self._shutdown))
+        except RuntimeError as exc:  # a limit on threads (pids cgroup)
+            logger.warning("nvml: cannot start a thread for nvmlShutdown: %s", exc)
+            return
+        if not job.done.wait(self.timeout):
+            logger.warning("nvml: nvmlShutdown did not return within %g s", self.timeout)
+        elif job.error is not None:
+            logger.warning("nvml: shutdown failed: %s", job.error)
 
     def _shutdown(self, job: _Job[None]) -> None:
         job.call = "nvmlShutdown"
@@ -888,7 +1039,10 @@ class PynvmlReader:
         """GPU count, or why NVML is unavailable."""
         if (busy := self._system.busy()) is not None:
             return f"{busy.call} has not returned for {time.monotonic() - busy.call_started:.0f} s"
-        job = self._system.submit(_Job(self._init_and_count))
+        try:
+            job = self._system.submit(_Job(self._init_and_count))
+        except RuntimeError as exc:  # a limit on threads (pids cgroup)
+            return f"cannot start a thread for NVML: {exc}"
         if not job.done.wait(max(0.0, deadline - time.monotonic())):
             self._timed_out(job.call, "")
             return f"{job.call} did not return within {self.timeout:g} s"
@@ -903,24 +1057,29 @@ class PynvmlReader:
         gpu_reader = self._gpu_reader
         assert gpu_reader is not None  # set with self._nvml
         gpus: dict[int, NvmlGpuHealth] = {}
-        free: dict[int, _Lane] = {}
         for index in range(count):
-            lane = self._lanes.get(index)
-            if lane is None:
-                lane = self._lanes[index] = _Lane(f"nvml-gpu{index}")
-            if (busy := lane.busy()) is not None:
+            if (busy := self._reading.get(index)) is not None and not busy.done.is_set():
                 gpus[index] = self._stalled(index, busy, "stuck")
-            else:
-                free[index] = lane
-        countdown = _Countdown(len(free))
+        countdown = _Countdown(count - len(gpus))
         jobs: dict[int, _Job[_GpuResult]] = {}
-        for index, lane in free.items():
-            known = self._known.get(index, _Identity())
-            work = functools.partial(gpu_reader.read, index=index, known=known)
-            jobs[index] = lane.submit(_Job(work, countdown))
-        countdown.done.wait(max(0.0, deadline - time.monotonic()))
+        for index in range(count):
+            if index not in gpus:
+                known = self._known.get(index, _Identity())
+                work = functools.partial(gpu_reader.read, index=index, known=known)
+                jobs[index] = self._reading[index] = _Job(work, countdown)
+        batch = _Batch(list(jobs.values()), self._workers)
+        batch.start()
+        patience = min(self.patience, self.timeout / 4)
+        if not countdown.done.wait(max(0.0, min(patience, deadline - time.monotonic()))):
+            batch.spread()
+            countdown.done.wait(max(0.0, deadline - time.monotonic()))
+        withdrawn = set(batch.withdraw())
         for index, job in jobs.items():
-            if not job.done.is_set():
+            if job in withdrawn:  # no worker began it: nothing is stuck
+                logger.warning("nvml: GPU %d: no worker began its read within %g s", index, self.timeout)
+                del self._reading[index]
+                gpus[index] = self._stalled(index, job, "timeout", begun=False)
+            elif not job.done.is_set():
                 self._timed_out(job.call, f"GPU {index}")
                 gpus[index] = self._stalled(index, job, "timeout")
             elif job.error is not None or job.result is None:
@@ -934,7 +1093,8 @@ class PynvmlReader:
                 gpus[index] = job.result.health
         return tuple(gpus[index] for index in range(count))
 
-    def _stalled(self, index: int, job: _Job[Any], status: GpuStatus) -> NvmlGpuHealth:
+    def _stalled(self, index: int, job: _Job[Any], status: GpuStatus, *, begun: bool = True) -> NvmlGpuHealth:
+        """A GPU whose job has not finished; a job no worker ``begun`` names no call."""
         if isinstance(job.learnt, _Identity):
             self._known[index] = job.learnt
         known = self._known.get(index, _Identity())
@@ -944,8 +1104,8 @@ class PynvmlReader:
             uuid=known.uuid,
             pci_bus_id=known.pci_bus_id,
             model=known.model,
-            stuck_call=job.call,
-            stuck_seconds=time.monotonic() - job.call_started,
+            stuck_call=job.call if begun else "",
+            stuck_seconds=time.monotonic() - job.call_started if begun else None,
         )
 
     def _timed_out(self, call: str, what: str) -> None:

@@ -9,7 +9,8 @@ Snapshot format: ``{"description", "defaults", "gpus": [...]}``; each GPU is ``d
 its own keys. Any value may instead be the name of an NVML error without its ``NVML_ERROR_`` prefix
 (``"NOT_SUPPORTED"``, ``"UNKNOWN"`` ...), which the matching call raises. Per GPU, ``"lost": true``
 makes every call on its handle raise GPU_IS_LOST, ``"hang": [call, ...]`` makes those calls block
-until :attr:`FakeNvml.release` is set, and ``"errors": {call: error}`` makes one call fail. A GPU
+until :attr:`FakeNvml.release` is set, ``"delay": {call: seconds}`` makes a call sleep that long (as
+NVML's throughput sampling does), and ``"errors": {call: error}`` makes one call fail. A GPU
 without ``"nvlink"`` has no NVLink. ``nvmlDeviceGetFieldValues`` answers only
 ``NVML_FI_DEV_NVLINK_GET_STATE`` (scoped by link), from ``nvlink.state``; ``"nvlink_state_field":
 false`` makes it answer NOT_SUPPORTED for every link, as for GPUs before Hopper.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,6 +156,8 @@ class FakeNvml:
         gpu = self.gpus[handle.index]
         if "hang" in gpu and call in gpu["hang"]:
             self.release.wait(timeout=60)
+        if "delay" in gpu and (seconds := gpu["delay"].get(call)) is not None:
+            time.sleep(seconds)
         if "errors" in gpu and (error := gpu["errors"].get(call)) is not None:
             raise nvml_error(error)
         if gpu.get("lost"):

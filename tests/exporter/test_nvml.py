@@ -5,6 +5,7 @@ GPU exists (marked ``gpu``)."""
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import shutil
 import subprocess
@@ -23,7 +24,7 @@ from exporter.collectors.framework import SourceUnavailableError
 from exporter.collectors.nvml import GPU_LABELS, nvml_metrics
 from exporter.exposition import Family, encode
 from exporter.readers.kmsg import KmsgFollower
-from exporter.readers.nvml import NvmlSnapshot, PynvmlReader
+from exporter.readers.nvml import NvmlSnapshot, PynvmlReader, _Batch, _Job, _Workers
 from exporter.sources import ExporterSettings, XidOwnership, build_registry, build_sources
 from tests.exporter.fake_nvml import FIXTURES, FakeNvml
 from tests.exporter.helpers import GPU_NODE, GPU_NODE_BUS_IDS, wait_until
@@ -45,9 +46,9 @@ def open_nvml() -> Iterator[Open]:
     """Makes (fake, reader) pairs from fixture names; releases hung calls and closes the readers after."""
     made: list[tuple[FakeNvml, PynvmlReader]] = []
 
-    def make(fixture: str, *, timeout: float = 5.0) -> tuple[FakeNvml, PynvmlReader]:
+    def make(fixture: str, *, timeout: float = 5.0, **settings: float) -> tuple[FakeNvml, PynvmlReader]:
         fake = FakeNvml.from_fixture(fixture)
-        reader = PynvmlReader(timeout=timeout, library=fake, event_wait_ms=20)
+        reader = PynvmlReader(timeout=timeout, library=fake, event_wait_ms=20, **settings)
         made.append((fake, reader))
         return fake, reader
 
@@ -227,8 +228,10 @@ def test_a_wedged_gpu_times_out_is_skipped_while_stuck_and_returns_when_freed(op
     assert first.gpus[1].stuck_call == "nvmlDeviceGetRemappedRows"
     assert dict(first.call_timeouts) == {"nvmlDeviceGetRemappedRows": 1}
 
-    threads = threading.active_count()
-    for _ in range(3):
+    again = reader.read()
+    assert [gpu.status for gpu in again.gpus] == ["ok", "stuck"]
+    threads = threading.active_count()  # GPU 0 may have needed a worker of its own
+    for _ in range(2):
         again = reader.read()
         assert [gpu.status for gpu in again.gpus] == ["ok", "stuck"]
     assert threading.active_count() <= threads  # no thread per scrape (earlier tests' may still exit)
@@ -253,6 +256,113 @@ def test_a_wedged_gpu_times_out_is_skipped_while_stuck_and_returns_when_freed(op
 
     fake.release.set()
     assert wait_until(lambda: reader.read().gpus[1].status == "ok")
+
+
+@pytest.mark.parametrize("call", ["nvmlDeviceGetRemappedRows", "nvmlDeviceGetPcieThroughput"])
+def test_the_first_gpu_wedged_holds_up_only_itself(open_nvml: Open, call: str) -> None:
+    """The GPUs of a read are taken in turn; one wedged ahead of the others, before or in the sampling
+    call, still leaves the others read in the same scrape, and costs one thread, not one per scrape."""
+    fake, reader = open_nvml("h100x8", timeout=0.5)
+    assert all(gpu.status == "ok" for gpu in reader.read().gpus)
+    fake.gpus[0]["hang"] = [call]
+    started = time.monotonic()
+    first = reader.read()
+    assert time.monotonic() - started < 2.0
+    assert [gpu.status for gpu in first.gpus] == ["timeout"] + ["ok"] * 7
+    assert first.gpus[0].stuck_call == call
+    assert all(gpu.pcie is not None and gpu.pcie.tx_bytes_per_second for gpu in first.gpus[1:])
+    again = reader.read()
+    assert [gpu.status for gpu in again.gpus] == ["stuck"] + ["ok"] * 7
+    threads = threading.active_count()
+    for _ in range(3):
+        again = reader.read()
+        assert [gpu.status for gpu in again.gpus] == ["stuck"] + ["ok"] * 7
+    assert threading.active_count() <= threads
+    assert dict(again.call_timeouts) == {call: 1}
+    fake.release.set()
+    assert wait_until(lambda: all(gpu.status == "ok" for gpu in reader.read().gpus))
+
+
+def blocking_job(_job: _Job[None], *, ran: list[int], n: int) -> None:
+    """Lets go of the GIL, as a call into NVML does, then notes that job ``n`` ran."""
+    time.sleep(0.0002)
+    ran.append(n)
+
+
+def test_a_batch_runs_each_job_once_or_hands_it_back_however_its_workers_race() -> None:
+    """The GPUs of a read are taken by whichever worker is free: started, handed on and spread while
+    being withdrawn at the deadline, every job is either run exactly once or handed back unrun."""
+    workers = _Workers("test-batch")
+    try:
+        for attempt in range(300):
+            ran: list[int] = []  # list.append is atomic: the workers need no lock
+            jobs = [_Job(functools.partial(blocking_job, ran=ran, n=n)) for n in range(8)]
+            batch = _Batch(jobs, workers)
+            batch.start()
+            for _ in range(attempt % 3):
+                batch.hand_on()
+            if attempt % 2:
+                batch.spread()
+            if attempt % 5 == 0:
+                time.sleep(0.001)  # some rounds let the workers take everything
+            withdrawn = batch.withdraw()
+            taken = [n for n, job in enumerate(jobs) if job not in withdrawn]
+            assert all(jobs[n].done.wait(5) for n in taken)
+            assert sorted(ran) == taken
+            assert not any(job.done.is_set() for job in withdrawn)
+    finally:
+        workers.stop()
+
+
+def test_throughput_sampling_overlaps_across_gpus(open_nvml: Open) -> None:
+    """NVML samples PCIe throughput for 20 ms per direction: before sampling, a GPU hands the GPUs left
+    to another worker, so a read lasts about one GPU's sampling, not eight. The patience is long here,
+    so only that hand-over can make the read short."""
+    fake, reader = open_nvml("h100x8", patience=1.0)
+    reader.read()
+    for gpu in fake.gpus:
+        gpu["delay"] = {"nvmlDeviceGetPcieThroughput": 0.05}  # 0.1 s a GPU, 0.8 s one after another
+    started = time.monotonic()
+    snapshot = reader.read()
+    elapsed = time.monotonic() - started
+    assert all(gpu.status == "ok" for gpu in snapshot.gpus)
+    assert elapsed < 0.45, elapsed
+
+
+def test_where_no_thread_can_be_started_nvml_is_down_or_its_gpus_time_out(
+    open_nvml: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A limit on threads (a container's pids limit) is a state of the collector, never a traceback;
+    GPUs no worker began report a timeout without a stuck call, and the next read reads them."""
+    _fake, reader = open_nvml("h100x8", timeout=0.2)
+    start = threading.Thread.start
+    allowed = [0]
+
+    def limited(thread: threading.Thread) -> None:
+        if allowed[0] <= 0:
+            raise RuntimeError("can't start new thread")
+        allowed[0] -= 1
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", limited)
+    down = reader.read()
+    assert not down.available
+    assert down.reason == "cannot start a thread for NVML: can't start new thread"
+
+    allowed[0] = 1  # the thread that initialises NVML and counts the GPUs, none for the GPUs
+    starved = reader.read()
+    assert starved.available
+    assert [(gpu.status, gpu.stuck_call, gpu.stuck_seconds) for gpu in starved.gpus] == [
+        ("timeout", "", None)
+    ] * 8
+    assert dict(starved.call_timeouts) == {}
+    registry = nvml_registry(starved)
+    unknown = {"gpu": "3", "uuid": "", "pci_bus_id": "", "model": ""}  # never read: identity not known
+    assert registry.get_sample_value("accel_gpu_nvml_up", unknown) == 0
+    assert "accel_gpu_nvml_call_stuck_seconds{" not in generate_latest(registry).decode()
+
+    allowed[0] = 100
+    assert all(gpu.status == "ok" for gpu in reader.read().gpus)
 
 
 def test_a_hanging_nvml_init_is_unavailable_within_the_bound(open_nvml: Open) -> None:
