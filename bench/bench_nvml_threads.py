@@ -1,16 +1,18 @@
-"""What one NVML read costs through pynvml's real wrappers, with a GPU per worker thread, on a stub driver.
+"""What one NVML read costs through pynvml's real wrappers, on a stub driver.
 
 The exporter's fake NVML (tests/exporter/fake_nvml.py) is Python: its calls never release the GIL.
-pynvml's calls go through ctypes, which releases the GIL around every C call, so the reader's worker
-threads (one per GPU, for hang isolation and so that slow driver calls overlap) hand the GIL to one
-another on every call. This benchmark measures that: it builds tests/exporter/nvml_stub.c, a libnvidia-ml.so.1
-that does nothing and is shaped like a node of H100s, and has the exporter's reader load it as it loads
-the real library (``pynvml`` with ``LD_LIBRARY_PATH``), in a child process per case.
+pynvml's calls go through ctypes, which releases the GIL around every C call, so worker threads reading
+GPUs side by side hand the GIL to one another on every call. The reader therefore has one worker read
+the GPUs one after another, and brings in more only before NVML's 20 ms throughput sampling or when
+a GPU does not answer. This benchmark measures what that costs and saves: it builds
+tests/exporter/nvml_stub.c, a libnvidia-ml.so.1 that does nothing and is shaped like a node of H100s,
+and has the exporter's reader load it as it loads the real library (``pynvml`` with
+``LD_LIBRARY_PATH``), in a child process per case.
 
 Cases: the stub answering at once; the stub spending 10 µs of CPU per call, standing in for driver
 time; and nvmlDeviceGetPcieThroughput sleeping 20 ms as the real one samples. Each is run with 8 GPUs
-and with 1 GPU; eight times the 1-GPU read is what reading the GPUs one after another would cost.
-Prints median wall and CPU time per read. No target: the figures inform the threading design.
+and with 1 GPU; eight times the 1-GPU read is what reading the GPUs strictly one after another would
+cost. Prints median wall and CPU time per read. No target: the figures inform the threading design.
 Needs a C compiler (``cc``); without one it says so and exits.
 """
 
@@ -76,7 +78,7 @@ def main() -> None:
             eight = read_cost(library, gpus=8, call_ns=call_ns, sample_ns=sample_ns, reads=reads)
             one = read_cost(library, gpus=1, call_ns=call_ns, sample_ns=sample_ns, reads=reads)
             print(
-                f"nvml read through pynvml, stub driver, {name}: 8 GPUs on their own threads "
+                f"nvml read through pynvml, stub driver, {name}: 8 GPUs "
                 f"{eight['wall']:.1f} ms wall, {eight['cpu']:.1f} ms CPU; 1 GPU {one['wall']:.2f} ms wall, "
                 f"{one['cpu']:.2f} ms CPU (x8 = {8 * one['wall']:.1f} ms, one after another)"
             )

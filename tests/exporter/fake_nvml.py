@@ -112,7 +112,7 @@ class FakeNvml:
         self.release = threading.Event()
         """Set it to let hanging calls return."""
         self._log: list[str] = []
-        """Every call's function name, in order (appending is atomic, so lanes need no lock)."""
+        """Every call's function name, in order (appending is atomic, so worker threads need no lock)."""
         self.initialised = 0
         """nvmlInit calls minus nvmlShutdown calls."""
         self.registered: set[int] = set()
