@@ -1094,7 +1094,7 @@ class PynvmlReader:
         return tuple(gpus[index] for index in range(count))
 
     def _stalled(self, index: int, job: _Job[Any], status: GpuStatus, *, begun: bool = True) -> NvmlGpuHealth:
-        """A GPU whose job has not finished; a job no worker ``begun`` names no call."""
+        """A GPU whose job has not finished; one no worker has ``begun`` names no call."""
         if isinstance(job.learnt, _Identity):
             self._known[index] = job.learnt
         known = self._known.get(index, _Identity())
