@@ -1,0 +1,181 @@
+"""Fault to cordon, as shipped: kernel-log line -> series scraped -> alert firing -> webhook -> node
+cordoned, on the real control plane with deploy/overlays/enforce, the shipped Prometheus
+configuration (deploy/prometheus/prometheus.yaml) and rules, and the shipped Alertmanager routing.
+
+FAULTS fatal Xids are written at random moments over WINDOW seconds, one per GPU node, so each lands
+at a random phase of the scrape and evaluation cycles. For each it takes the time of:
+- written: the line appended to the node's kernel log;
+- scraped: the timestamp of the first Prometheus sample carrying it (the scrape's start);
+- firing: the alert's activeAt (the rule evaluation that first saw it);
+- webhook: the remediator's decision record for the node (the delivery Alertmanager made);
+- cordoned: the API server's audit record of the remediator's cordon (stageTimestamp).
+
+Only the safety gates are widened (budget and storm breaker, which would otherwise hold nodes back on
+purpose: this measures latency, not the gates). Needs root (pod network namespaces), the control
+plane binaries (scripts/build-control-plane.sh), Prometheus and Alertmanager: `make bench-deployed`.
+Prints p50, p95 and max of every stage and what Prometheus spends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.kube.conftest import deployed_skip_reason
+from tests.kube.deployed import NAMESPACE, REMEDIATOR, Deployment
+
+XID = "NVRM: Xid (PCI:0000:9d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+SA_USER = f"system:serviceaccount:{NAMESPACE}:{REMEDIATOR}"
+WIDE_GATES = {
+    "safety": {
+        "max_disrupted_nodes": 1000,
+        "storm_breaker": {"enabled": False},
+    }
+}
+
+
+def _ts(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--faults", type=int, default=22)
+    parser.add_argument("--window", type=float, default=180.0, help="seconds over which faults are spread")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    reason = deployed_skip_reason()
+    if reason:
+        print(f"skipped: {reason}")
+        return 0
+    rng = random.Random(args.seed)
+    nodes = [f"gpu-node-{i}" for i in range(1, args.faults + 1)]
+    with tempfile.TemporaryDirectory(prefix="accel-health-bench-") as tmp:
+        t_start = time.monotonic()
+        deployment = Deployment(
+            workdir=Path(tmp),
+            overlay="enforce",
+            gpu_nodes=args.faults,
+            cpu_nodes=2,
+            policy_override=WIDE_GATES,
+        )
+        with deployment as d:
+            d.wait_ready(timeout=180)
+            print(f"harness up in {time.monotonic() - t_start:.1f} s ({args.faults} GPU nodes, 2 CPU nodes)")
+            written: dict[str, float] = {}
+            moments = sorted((rng.uniform(0, args.window), node) for node in nodes)
+            t0 = time.time()
+
+            def writer() -> None:
+                for at, node in moments:
+                    time.sleep(max(0.0, t0 + at - time.time()))
+                    d.write_fault(node, XID)
+                    written[node] = time.time()
+
+            thread = threading.Thread(target=writer)
+            thread.start()
+            cordoned: dict[str, float] = {}
+            deadline = time.time() + args.window + 90
+            while time.time() < deadline and len(cordoned) < len(nodes):
+                for e in d.plane.audit(user=SA_USER) if d.plane else []:
+                    ref = e.get("objectRef") or {}
+                    if (
+                        ref.get("resource") == "nodes"
+                        and not ref.get("subresource")
+                        and e["verb"] == "patch"
+                        and e["responseStatus"]["code"] == 200
+                        and ref.get("name") in written
+                        and ref["name"] not in cordoned
+                        and d.node(ref["name"])["spec"].get("unschedulable")
+                    ):
+                        cordoned[ref["name"]] = _ts(e["stageTimestamp"])
+                time.sleep(0.5)
+            thread.join()
+            leader = d.leader()
+            records = d.remediator_get(leader, "/actions") if leader else []
+            if isinstance(records, dict):
+                records = records.get("actions", [])
+            webhook = {}
+            for r in records:
+                if r.get("node") in written and r["node"] not in webhook and r.get("time"):
+                    webhook[r["node"]] = _ts(str(r["time"]))
+            firing, scraped = {}, {}
+            for node in written:
+                alerts = [
+                    a
+                    for a in d.firing()
+                    if a.get("node") == node and a.get("alertname") == "AccelGPUFatalXid"
+                ]
+                if alerts:
+                    firing[node] = _ts(alerts[0]["activeAt"])
+                q = d.query(
+                    f'min_over_time(timestamp(accel_gpu_xid_errors_total{{node="{node}",xid="79"}})[10m:1s])'
+                )
+                if q:
+                    scraped[node] = float(q[0]["value"][1])
+            cost = _prometheus_cost(d)
+    done = [n for n in nodes if n in cordoned and n in written]
+    missing = sorted(set(nodes) - set(done))
+    stages: dict[str, list[float]] = {
+        "line -> scraped": [],
+        "scraped -> firing": [],
+        "firing -> webhook": [],
+        "webhook -> cordoned": [],
+        "line -> cordoned (total)": [],
+    }
+    for n in done:
+        stages["line -> cordoned (total)"].append(cordoned[n] - written[n])
+        if n in scraped:
+            stages["line -> scraped"].append(scraped[n] - written[n])
+        if n in scraped and n in firing:
+            stages["scraped -> firing"].append(firing[n] - scraped[n])
+        if n in firing and n in webhook:
+            stages["firing -> webhook"].append(webhook[n] - firing[n])
+        if n in webhook:
+            stages["webhook -> cordoned"].append(cordoned[n] - webhook[n])
+    print(
+        f"{len(done)} of {len(nodes)} faults reached a cordon" + (f"; missing {missing}" if missing else "")
+    )
+    print(f"{'stage':28} {'p50':>7} {'p95':>7} {'max':>7}   (seconds)")
+    for stage, values in stages.items():
+        if values:
+            print(f"{stage:28} {statistics.median(values):7.2f} {_pct(values, 0.95):7.2f} {max(values):7.2f}")
+    print("Prometheus: " + json.dumps(cost))
+    return 0 if not missing else 1
+
+
+def _prometheus_cost(d: Deployment) -> dict[str, Any]:
+    def one(q: str) -> float:
+        r = d.query(q)
+        return round(float(r[0]["value"][1]), 4) if r else float("nan")
+
+    return {
+        "rule_eval_seconds_per_cycle": one("sum(prometheus_rule_group_last_duration_seconds)"),
+        "samples_per_exporter_scrape": one('avg(scrape_samples_scraped{job="accel-health-exporter"})'),
+        "scrapes_per_second": one("sum(rate(prometheus_target_interval_length_seconds_count[2m]))"),
+        "cpu_cores": one(
+            'rate(process_cpu_seconds_total{job=""}[2m]) or '
+            "sum(rate(prometheus_engine_query_duration_seconds_sum[2m]))"
+        ),
+        "head_series": one("prometheus_tsdb_head_series"),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

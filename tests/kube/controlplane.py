@@ -1,0 +1,384 @@
+"""etcd + kube-apiserver + kube-controller-manager on loopback, with RBAC on, for the tests.
+
+The binaries come from `KUBEBUILDER_ASSETS` (envtest's convention: a folder with etcd, kube-apiserver
+and kube-controller-manager) or from the cache `scripts/build-control-plane.sh` fills once
+(`make test` runs it): ``${XDG_CACHE_HOME:-~/.cache}/accel-health/kube/<version>/``.
+
+Authentication is a static token for the admin (system:masters) and service-account tokens signed by
+a key pair of the harness; the token controller of kube-controller-manager writes each
+ServiceAccount's token Secret, so a test authenticates exactly as a pod of that ServiceAccount would
+and the shipped RBAC is what the API server enforces. No kubelet and no scheduler run: the kubelet
+stand-in (tests/kube/kubelet.py) plays both for fake nodes. The node lifecycle controller is off, so
+fake nodes stay Ready without heartbeats.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from tests.kube.pki import Pki, write_pki
+from tests.kube.rest import ApiError, Obj, Rest
+
+VERSION = "1.20.2"
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
+ADMIN_USER = "accel-health-test-admin"
+
+
+class ControlPlaneUnavailable(Exception):
+    """The binaries are not there (the message says how to get them)."""
+
+
+def cache_dir() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "accel-health" / "kube" / VERSION
+
+
+def find_binaries() -> Path:
+    """The folder holding etcd, kube-apiserver and kube-controller-manager."""
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    folder = Path(assets) if assets else cache_dir()
+    missing = [b for b in BINARIES if not os.access(folder / b, os.X_OK)]
+    if missing:
+        where = f"KUBEBUILDER_ASSETS={assets}" if assets else str(folder)
+        raise ControlPlaneUnavailable(
+            f"{where} lacks {', '.join(missing)}: run scripts/build-control-plane.sh "
+            "(`make test` does, once) or point KUBEBUILDER_ASSETS at a folder with them"
+        )
+    return folder
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_for(what: str, check: Callable[[], bool], *, timeout: float, interval: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if check():
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class Process:
+    """A started child process with its log file."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, lines: int = 30) -> str:
+        text = self.log.read_text(errors="replace").splitlines()[-lines:]
+        return f"--- {self.name} (exit {self.popen.poll()}) ---\n" + "\n".join(text)
+
+    def stop(self, *, timeout: float = 10.0, sig: int = signal.SIGTERM) -> None:
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, sig)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait()
+
+
+def spawn(name: str, argv: list[str], *, log_dir: Path, env: dict[str, str] | None = None) -> Process:
+    log = log_dir / f"{name}.log"
+    with log.open("ab") as out:
+        popen = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+    return Process(name=name, popen=popen, log=log)
+
+
+@dataclass
+class ControlPlane:
+    """A running control plane; `admin` talks to it as system:masters."""
+
+    workdir: Path
+    pki: Pki
+    server: str
+    """https://127.0.0.1:PORT of kube-apiserver."""
+    admin_token: str
+    kubeconfig: Path
+    """An admin kubeconfig (kubectl, kube-controller-manager)."""
+    processes: list[Process] = field(default_factory=list)
+    extra_ips: tuple[str, ...] = ()
+
+    @property
+    def admin(self) -> Rest:
+        return Rest(server=self.server, token=self.admin_token, ca_file=self.pki.ca_cert)
+
+    def as_service_account(self, namespace: str, name: str, *, server: str | None = None) -> Rest:
+        return Rest(
+            server=server or self.server,
+            token=self.service_account_token(namespace, name),
+            ca_file=self.pki.ca_cert,
+        )
+
+    def service_account_token(self, namespace: str, name: str, *, timeout: float = 30.0) -> str:
+        """The token the token controller wrote for the ServiceAccount (base64-decoded)."""
+        found: list[str] = []
+
+        def ready() -> bool:
+            for secret in self.admin.items(f"/api/v1/namespaces/{namespace}/secrets"):
+                annotations = secret["metadata"].get("annotations") or {}
+                if (
+                    secret.get("type") == "kubernetes.io/service-account-token"
+                    and annotations.get("kubernetes.io/service-account.name") == name
+                    and (secret.get("data") or {}).get("token")
+                ):
+                    found.append(base64.b64decode(secret["data"]["token"]).decode())
+                    return True
+            return False
+
+        wait_for(f"the token of ServiceAccount {namespace}/{name}", ready, timeout=timeout, interval=0.2)
+        return found[0]
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
+        kubectl = shutil.which("kubectl")
+        if kubectl is None:
+            raise ControlPlaneUnavailable("kubectl is not installed")
+        proc = subprocess.run(
+            [kubectl, f"--kubeconfig={self.kubeconfig}", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)}: exit {proc.returncode}\n{proc.stderr}")
+        return proc.stdout + proc.stderr
+
+    def logs(self) -> str:
+        return "\n".join(p.tail() for p in self.processes)
+
+    def audit(self, *, user: str | None = None) -> list[Obj]:
+        """The API server's audit events (ResponseComplete), optionally of one user only."""
+        events = []
+        path = self.workdir / "audit.log"
+        if not path.exists():
+            return []
+        for line in path.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # a line being written
+            if event.get("stage") != "ResponseComplete":
+                continue
+            if user is None or event.get("user", {}).get("username") == user:
+                events.append(event)
+        return events
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes):
+            proc.stop()
+
+
+def _kubeconfig(path: Path, *, server: str, ca: Path, token: str) -> None:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "test", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [{"name": "admin", "user": {"token": token}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "admin"}}],
+        "current-context": "test",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+
+
+def start_control_plane(workdir: Path, *, extra_ips: tuple[str, ...] = ()) -> ControlPlane:
+    """Starts etcd, kube-apiserver and kube-controller-manager; returns once the API answers and the
+    controllers have made the default ServiceAccount. `extra_ips` go into the serving certificate."""
+    bins = find_binaries()
+    workdir.mkdir(parents=True, exist_ok=True)
+    pki = write_pki(workdir / "pki", ips=extra_ips)
+    token = secrets.token_hex(16)
+    (workdir / "tokens.csv").write_text(f"{token},{ADMIN_USER},{ADMIN_USER},system:masters\n")
+    # Every request at Metadata level: who did what to which object, and the answer's code. The tests
+    # read it to prove the shipped RBAC is enough (no 403) and not too much (every rule used).
+    (workdir / "audit-policy.yaml").write_text(
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\n"
+        "omitStages: [RequestReceived]\nrules:\n  - level: Metadata\n"
+    )
+    etcd_client, etcd_peer, api_port = free_port(), free_port(), free_port()
+    server = f"https://127.0.0.1:{api_port}"
+    kubeconfig = workdir / "admin.kubeconfig"
+    _kubeconfig(kubeconfig, server=server, ca=pki.ca_cert, token=token)
+    plane = ControlPlane(
+        workdir=workdir,
+        pki=pki,
+        server=server,
+        admin_token=token,
+        kubeconfig=kubeconfig,
+        extra_ips=extra_ips,
+    )
+    try:
+        plane.processes.append(
+            spawn(
+                "etcd",
+                [
+                    str(bins / "etcd"),
+                    f"--data-dir={workdir / 'etcd'}",
+                    f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
+                    f"--advertise-client-urls=http://127.0.0.1:{etcd_client}",
+                    f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+                    f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+                    f"--initial-cluster=default=http://127.0.0.1:{etcd_peer}",
+                    "--unsafe-no-fsync",
+                    "--log-level=warn",
+                ],
+                log_dir=workdir,
+                # Debian's etcd 3.4 on amd64 needs no ETCD_UNSUPPORTED_ARCH; harmless elsewhere.
+                env={**os.environ, "ETCD_UNSUPPORTED_ARCH": os.uname().machine},
+            )
+        )
+        plane.processes.append(
+            spawn(
+                "kube-apiserver",
+                [
+                    str(bins / "kube-apiserver"),
+                    f"--etcd-servers=http://127.0.0.1:{etcd_client}",
+                    "--bind-address=127.0.0.1",
+                    "--advertise-address=127.0.0.1",
+                    f"--secure-port={api_port}",
+                    f"--tls-cert-file={pki.serving_cert}",
+                    f"--tls-private-key-file={pki.serving_key}",
+                    f"--client-ca-file={pki.ca_cert}",
+                    f"--token-auth-file={workdir / 'tokens.csv'}",
+                    "--authorization-mode=RBAC",
+                    f"--service-account-key-file={pki.sa_pub}",
+                    f"--service-account-signing-key-file={pki.sa_key}",
+                    "--service-account-issuer=https://kubernetes.default.svc",
+                    "--service-cluster-ip-range=10.96.0.0/16",
+                    # No ServiceAccount admission: the kubelet stand-in mounts the tokens itself.
+                    # No TaintNodesByCondition: fake nodes have no kubelet to clear the taints.
+                    "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                    "--allow-privileged=true",
+                    f"--cert-dir={workdir / 'apiserver-certs'}",
+                    "--profiling=false",
+                    "--enable-priority-and-fairness=false",
+                    "--event-ttl=1h",
+                    f"--audit-policy-file={workdir / 'audit-policy.yaml'}",
+                    f"--audit-log-path={workdir / 'audit.log'}",
+                    "--audit-log-format=json",
+                    "--audit-log-mode=blocking",
+                ],
+                log_dir=workdir,
+            )
+        )
+
+        def api_ready() -> bool:
+            if plane.processes[-1].popen.poll() is not None:
+                raise RuntimeError("kube-apiserver exited\n" + plane.logs())
+            try:
+                plane.admin.get("/readyz")
+            except (ApiError, OSError, ValueError):
+                return False
+            return True
+
+        wait_for("kube-apiserver /readyz", api_ready, timeout=60)
+        plane.processes.append(
+            spawn(
+                "kube-controller-manager",
+                [
+                    str(bins / "kube-controller-manager"),
+                    f"--kubeconfig={kubeconfig}",
+                    "--controllers=*,-nodelifecycle,-csrsigning,-csrapproving,-csrcleaner,-nodeipam,"
+                    "-attachdetach,-persistentvolume-binder,-persistentvolume-expander,-pvc-protection,"
+                    "-pv-protection,-cloud-node-lifecycle,-route,-service,-ttl-after-finished,-bootstrapsigner,"
+                    "-tokencleaner",
+                    f"--service-account-private-key-file={pki.sa_key}",
+                    f"--root-ca-file={pki.ca_cert}",
+                    "--use-service-account-credentials=false",
+                    "--leader-elect=false",
+                    "--port=0",
+                    "--secure-port=0",
+                    "--concurrent-deployment-syncs=2",
+                    # PDB status follows pod readiness quickly (the default resync is 30 s).
+                    "--min-resync-period=5s",
+                ],
+                log_dir=workdir,
+            )
+        )
+        wait_for(
+            "the default ServiceAccount's token",
+            lambda: bool(plane.service_account_token("default", "default")),
+            timeout=60,
+        )
+    except BaseException:
+        plane.stop()
+        raise
+    return plane
+
+
+@contextlib.contextmanager
+def control_plane(workdir: Path, *, extra_ips: tuple[str, ...] = ()) -> Iterator[ControlPlane]:
+    plane = start_control_plane(workdir, extra_ips=extra_ips)
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+def apply_objects(rest: Rest, objects: list[Obj]) -> None:
+    """Create-or-replace a list of objects through `rest` (used for fixtures, not for deploy/)."""
+    for obj in objects:
+        path = object_path(obj)
+        try:
+            rest.create(path, obj)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            name = obj["metadata"]["name"]
+            rest.merge_patch(f"{path}/{name}", obj)
+
+
+_PLURALS = {
+    "Namespace": ("api/v1", "namespaces", False),
+    "Node": ("api/v1", "nodes", False),
+    "Pod": ("api/v1", "pods", True),
+    "Secret": ("api/v1", "secrets", True),
+    "ConfigMap": ("api/v1", "configmaps", True),
+    "ServiceAccount": ("api/v1", "serviceaccounts", True),
+    "Deployment": ("apis/apps/v1", "deployments", True),
+    "ReplicaSet": ("apis/apps/v1", "replicasets", True),
+    "DaemonSet": ("apis/apps/v1", "daemonsets", True),
+    "PodDisruptionBudget": ("apis/policy/v1beta1", "poddisruptionbudgets", True),
+    "CustomResourceDefinition": ("apis/apiextensions.k8s.io/v1", "customresourcedefinitions", False),
+}
+
+
+def object_path(obj: Obj) -> str:
+    """The collection path of `obj` (kinds the harness creates itself)."""
+    base, plural, namespaced = _PLURALS[obj["kind"]]
+    if namespaced:
+        return f"/{base}/namespaces/{obj['metadata'].get('namespace', 'default')}/{plural}"
+    return f"/{base}/{plural}"

@@ -1,0 +1,416 @@
+"""accel-health as a user installs it, on the real control plane.
+
+`Deployment.start()` renders an overlay of deploy/ with `kubectl kustomize`, applies it server-side,
+sets the webhook token as the README says, and lets the kubelet stand-in run what the manifests run:
+the exporter DaemonSet on every accelerator node and the two remediator replicas, with their own args,
+env, volumes and ServiceAccount. Real Prometheus runs deploy/prometheus/prometheus.yaml (pod
+discovery through the API server, the shipped 10 s intervals, the rules from alerts/) and real
+Alertmanager runs the shipped routing (examples/alertmanager.yaml) to the remediator Service.
+
+What the harness changes, and only for the 1.20 server or for running outside a cluster:
+- PodDisruptionBudgets are applied as policy/v1beta1 and lose `unhealthyPodEvictionPolicy` (1.21+
+  fields); the product's own policy/v1 requests go through the skew proxy (tests/kube/network.py).
+- The Prometheus Operator's CRDs are installed as schemaless CRDs so its objects apply.
+- Prometheus gets the API server's address and an admin token for discovery; Alertmanager's webhook
+  URL points at the Service stand-in and its token path at a file; Prometheus's rule path at alerts/.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.kube.controlplane import ControlPlane, Process, free_port, spawn, start_control_plane, wait_for
+from tests.kube.kubelet import FakeKubelet, KubeletSettings, write_kmsg
+from tests.kube.network import Loop, ServiceProxy, SkewProxy
+from tests.kube.podnet import PodNetwork
+from tests.kube.rest import Obj, Rest
+
+REPO = Path(__file__).resolve().parents[2]
+NAMESPACE = "accel-health"
+REMEDIATOR = "accel-health-remediator"
+EXPORTER = "accel-health-exporter"
+GPU_NODE_FIXTURE = REPO / "examples" / "nodes" / "gpu-node-1"
+OPERATOR_KINDS = {
+    "ServiceMonitor": "servicemonitors",
+    "PodMonitor": "podmonitors",
+    "PrometheusRule": "prometheusrules",
+    "AlertmanagerConfig": "alertmanagerconfigs",
+}
+
+
+def render(overlay: str) -> list[Obj]:
+    """`kubectl kustomize deploy/overlays/<overlay>`, as objects."""
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(REPO / "deploy" / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def for_old_server(objects: list[Obj]) -> list[Obj]:
+    """The 1.20 server's view of the same objects (see the module docstring)."""
+    adapted = []
+    for original in objects:
+        obj = json.loads(json.dumps(original))
+        if obj["kind"] == "PodDisruptionBudget" and obj["apiVersion"] == "policy/v1":
+            obj["apiVersion"] = "policy/v1beta1"
+            obj["spec"].pop("unhealthyPodEvictionPolicy", None)
+        adapted.append(obj)
+    return adapted
+
+
+def operator_crds(objects: list[Obj]) -> list[Obj]:
+    crds = []
+    for kind in sorted({o["kind"] for o in objects if o["kind"] in OPERATOR_KINDS}):
+        group, version = next(o["apiVersion"] for o in objects if o["kind"] == kind).split("/")
+        plural = OPERATOR_KINDS[kind]
+        crds.append(
+            {
+                "apiVersion": "apiextensions.k8s.io/v1",
+                "kind": "CustomResourceDefinition",
+                "metadata": {"name": f"{plural}.{group}"},
+                "spec": {
+                    "group": group,
+                    "scope": "Namespaced",
+                    "names": {
+                        "kind": kind,
+                        "plural": plural,
+                        "singular": kind.lower(),
+                        "listKind": f"{kind}List",
+                    },
+                    "versions": [
+                        {
+                            "name": version,
+                            "served": True,
+                            "storage": True,
+                            "schema": {
+                                "openAPIV3Schema": {
+                                    "type": "object",
+                                    "x-kubernetes-preserve-unknown-fields": True,
+                                }
+                            },
+                        }
+                    ],
+                },
+            }
+        )
+    return crds
+
+
+def is_project_pod(pod: Obj) -> bool:
+    return any("accel-health" in c.get("image", "") for c in pod["spec"]["containers"])
+
+
+@dataclass
+class Deployment:
+    workdir: Path
+    overlay: str = "enforce"
+    gpu_nodes: int = 3
+    cpu_nodes: int = 2
+    kubelet_settings: KubeletSettings = field(default_factory=KubeletSettings)
+    policy_override: dict[str, Any] | None = None
+    """Merged into the rendered policy ConfigMap's policy (benchmarks only; tests run it as shipped)."""
+    plane: ControlPlane | None = None
+    kubelet: FakeKubelet | None = None
+    network: PodNetwork | None = None
+    loop: Loop | None = None
+    skew: SkewProxy | None = None
+    service: ServiceProxy | None = None
+    processes: list[Process] = field(default_factory=list)
+    token: str = field(default_factory=lambda: secrets.token_hex(32))
+    objects: list[Obj] = field(default_factory=list)
+    prometheus_port: int = 0
+    alertmanager_port: int = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.network = PodNetwork()
+        self.network.create()
+        self.plane = start_control_plane(self.workdir / "control-plane", extra_ips=(self.network.host_ip,))
+        self.loop = Loop()
+        pki = self.plane.pki
+        self.skew = SkewProxy(
+            upstream=self.plane.server,
+            ca_file=pki.ca_cert,
+            cert_file=pki.serving_cert,
+            key_file=pki.serving_key,
+            host=self.network.host_ip,
+        )
+        self.loop.run(self.skew.start())
+        self.kubelet = FakeKubelet(
+            plane=self.plane,
+            workdir=self.workdir,
+            settings=self.kubelet_settings,
+            network=self.network,
+            runs_process=is_project_pod,
+        )
+        self.kubelet.api_port_for_pods = self.skew.port
+        self._add_nodes()
+        self.kubelet.start()
+        self.apply()
+        self._start_monitoring()
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes):
+            proc.stop()
+        if self.kubelet is not None:
+            self.kubelet.stop()
+        if self.loop is not None:
+            if self.service is not None:
+                self.loop.run(self.service.stop())
+            if self.skew is not None:
+                self.loop.run(self.skew.stop())
+            self.loop.close()
+        if self.plane is not None:
+            self.plane.stop()
+        if self.network is not None:
+            self.network.destroy()
+
+    def __enter__(self) -> Deployment:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- the cluster -----------------------------------------------------------------------------
+
+    @property
+    def admin(self) -> Rest:
+        assert self.plane is not None
+        return self.plane.admin
+
+    def _add_nodes(self) -> None:
+        assert self.kubelet is not None
+        self.kubelet.add_node(
+            "control-plane-1",
+            labels={"node-role.kubernetes.io/control-plane": "", "node-role.kubernetes.io/master": ""},
+            taints=[{"key": "node-role.kubernetes.io/master", "effect": "NoSchedule"}],
+        )
+        for i in range(1, self.cpu_nodes + 1):
+            self.kubelet.add_node(f"cpu-node-{i}")
+        for i in range(1, self.gpu_nodes + 1):
+            name = f"gpu-node-{i}"
+            self.kubelet.add_node(
+                name,
+                labels={"nvidia.com/gpu.present": "true", "node.kubernetes.io/instance-type": "p5.48xlarge"},
+                capacity={"nvidia.com/gpu": "8"},
+                provider_id=f"aws:///us-west-2a/i-0{i:016x}",
+            )
+            root = self.kubelet.nodes[name]
+            shutil.copyfile(GPU_NODE_FIXTURE / "kmsg", root / "dev" / "kmsg")
+            (root / "sys").symlink_to(GPU_NODE_FIXTURE / "sys")
+
+    def apply(self, overlay: str | None = None) -> None:
+        """Render and apply an overlay server-side, then set the token (README, "Install")."""
+        assert self.plane is not None
+        self.overlay = overlay or self.overlay
+        rendered = render(self.overlay)
+        self.objects = rendered
+        objects = for_old_server(rendered)
+        if self.policy_override:
+            for obj in objects:
+                if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] == f"{REMEDIATOR}-policy":
+                    policy = yaml.safe_load(obj["data"]["policy.yaml"])
+                    _merge(policy, self.policy_override)
+                    obj["data"]["policy.yaml"] = yaml.safe_dump(policy)
+        crds = operator_crds(objects)
+        if crds:
+            self.plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(crds))
+            wait_for(
+                "the operator CRDs to be served",
+                lambda: all(self._crd_established(c["metadata"]["name"]) for c in crds),
+                timeout=30,
+            )
+        self.plane.kubectl(
+            "apply",
+            "--server-side",
+            "--field-manager=accel-health-test",
+            "--force-conflicts",
+            "-f",
+            "-",
+            stdin=yaml.safe_dump_all(objects),
+        )
+        self.admin.merge_patch(
+            f"/api/v1/namespaces/{NAMESPACE}/secrets/{REMEDIATOR}-token",
+            {"data": {"token": base64.b64encode(self.token.encode()).decode()}},
+        )
+
+    def _crd_established(self, name: str) -> bool:
+        crd = self.admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+        return any(
+            c["type"] == "Established" and c["status"] == "True"
+            for c in crd.get("status", {}).get("conditions", [])
+        )
+
+    # -- monitoring -------------------------------------------------------------------------------
+
+    def _start_monitoring(self) -> None:
+        assert self.plane is not None
+        assert self.loop is not None
+        self.service = ServiceProxy(rest=self.admin, namespace=NAMESPACE, name=REMEDIATOR, target_port=9836)
+        self.loop.run(self.service.start())
+        token_file = self.workdir / "webhook-token"
+        token_file.write_text(self.token)
+        admin_token = self.workdir / "prometheus-token"
+        admin_token.write_text(self.plane.admin_token)
+        self.alertmanager_port = free_port()
+        am = yaml.safe_load((REPO / "examples" / "alertmanager.yaml").read_text())
+        for receiver in am.get("receivers", []):
+            for hook in receiver.get("webhook_configs", []):
+                hook["url"] = f"http://127.0.0.1:{self.service.port}/alerts"
+                hook["http_config"]["authorization"]["credentials_file"] = str(token_file)
+        (self.workdir / "alertmanager.yaml").write_text(yaml.safe_dump(am))
+        self.processes.append(
+            spawn(
+                "alertmanager",
+                [
+                    "prometheus-alertmanager",
+                    f"--config.file={self.workdir / 'alertmanager.yaml'}",
+                    f"--storage.path={self.workdir / 'am-data'}",
+                    f"--web.listen-address=127.0.0.1:{self.alertmanager_port}",
+                    "--cluster.listen-address=",
+                ],
+                log_dir=self.workdir,
+            )
+        )
+        prom = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yaml").read_text())
+        prom["rule_files"] = [str(REPO / "alerts" / "*.yaml")]
+        prom["alerting"] = {
+            "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.alertmanager_port}"]}]}]
+        }
+        for job in prom["scrape_configs"]:
+            for sd in job.get("kubernetes_sd_configs", []):
+                sd["api_server"] = self.plane.server
+                sd["tls_config"] = {"ca_file": str(self.plane.pki.ca_cert)}
+                sd["authorization"] = {"credentials_file": str(admin_token)}
+        (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(prom))
+        self.prometheus_port = free_port()
+        self.processes.append(
+            spawn(
+                "prometheus",
+                [
+                    "prometheus",
+                    f"--config.file={self.workdir / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={self.workdir / 'prom-data'}",
+                    f"--web.listen-address=127.0.0.1:{self.prometheus_port}",
+                ],
+                log_dir=self.workdir,
+            )
+        )
+
+    # -- observing ----------------------------------------------------------------------------------
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/query?" + urllib.parse.urlencode(
+            {"query": promql}
+        )
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            result: list[dict[str, Any]] = json.loads(resp.read())["data"]["result"]
+            return result
+
+    def firing(self) -> list[dict[str, str]]:
+        url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/alerts"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            alerts = json.loads(resp.read())["data"]["alerts"]
+        return [a["labels"] | {"activeAt": a.get("activeAt", "")} for a in alerts if a["state"] == "firing"]
+
+    def pods(self, namespace: str = NAMESPACE, selector: str | None = None) -> list[Obj]:
+        query = {"labelSelector": selector} if selector else {}
+        return self.admin.items(f"/api/v1/namespaces/{namespace}/pods", **query)
+
+    def remediator_pods(self) -> list[Obj]:
+        return self.pods(selector=f"app.kubernetes.io/name={REMEDIATOR}")
+
+    def remediator_get(self, pod: Obj, path: str) -> Any:
+        ip = pod["status"]["podIP"]
+        request = urllib.request.Request(f"http://{ip}:9836{path}")
+        request.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(request, timeout=5) as resp:  # noqa: S310
+            return json.loads(resp.read()) if path != "/metrics" else resp.read().decode()
+
+    def leader(self) -> Obj | None:
+        lease = self.admin.get(f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{REMEDIATOR}")
+        holder = (lease.get("spec") or {}).get("holderIdentity") or ""
+        for pod in self.remediator_pods():
+            if holder.startswith(pod["metadata"]["name"]) and not pod["metadata"].get("deletionTimestamp"):
+                return pod
+        return None
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        """Exporters scraped on every GPU node, one remediator leading, rules loaded."""
+
+        def ready() -> bool:
+            up = self.query(f'up{{job="{EXPORTER}"}} == 1')
+            endpoints = self.service.endpoints() if self.service else []
+            return len(up) == self.gpu_nodes and len(endpoints) == 1
+
+        try:
+            wait_for("exporters scraped and a leading remediator", ready, timeout=timeout, interval=0.5)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}\n{self.logs()}") from None
+
+    def write_fault(self, node: str, message: str) -> None:
+        assert self.kubelet is not None
+        write_kmsg(self.kubelet.nodes[node], message)
+
+    def node(self, name: str) -> Obj:
+        node: Obj = self.admin.get(f"/api/v1/nodes/{name}")
+        return node
+
+    def events(self, node: str) -> list[Obj]:
+        return [
+            e
+            for e in self.admin.items("/api/v1/namespaces/default/events")
+            if e["involvedObject"].get("kind") == "Node" and e["involvedObject"].get("name") == node
+        ]
+
+    def logs(self) -> str:
+        parts = [p.tail(40) for p in self.processes]
+        if self.kubelet is not None:
+            parts += [r.process.tail(40) for r in self.kubelet.running.values()]
+            parts.append("kubelet stand-in errors: " + "; ".join(self.kubelet.errors[-10:]))
+        return "\n".join(parts)
+
+    def remediator_logs(self) -> str:
+        assert self.kubelet is not None
+        return "\n".join(
+            p.read_text(errors="replace")
+            for p in sorted(self.workdir.glob(f"pod-{NAMESPACE}-{REMEDIATOR}-*.log"))
+        )
+
+
+def _merge(into: dict[str, Any], override: dict[str, Any]) -> None:
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def wait_until(what: str, check: Any, *, timeout: float, interval: float = 0.2) -> float:
+    """wait_for that returns the seconds it took."""
+    t0 = time.monotonic()
+    wait_for(what, check, timeout=timeout, interval=interval)
+    return time.monotonic() - t0

@@ -1,0 +1,603 @@
+"""A kubelet (and scheduler) stand-in for fake nodes, as kwok plays one.
+
+- Nodes: `add_node` registers a Ready node with capacity, labels, taints and a boot id.
+- Scheduling: a pod without a node is bound to a fake node that is schedulable for it (cordon,
+  taints and tolerations, nodeSelector, required node affinity with matchExpressions and
+  matchFields), the least loaded first, after `schedule_delay`.
+- Running: a bound pod becomes Running and Ready after `start_delay`. Pods of the project's image are
+  real processes: their container command runs with the manifest's own args and env (fieldRefs and
+  $(VAR) expanded), in a network namespace of their own and with their volumes mounted at their
+  mountPaths (Secrets, ConfigMaps, hostPaths from the fake node's root, the service-account token
+  unless automount is off); readiness follows the manifest's readinessProbe. A process that exits is
+  restarted (restartPolicy Always) and counted in restartCount.
+- Terminating: a pod with a deletionTimestamp is stopped (SIGTERM, then SIGKILL after its grace
+  period) and finalized after `terminate_delay`, as the kubelet confirms a deletion.
+
+Nothing here decides anything the product does: it only plays the node side of the API.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from tests.kube.controlplane import ControlPlane, Process
+from tests.kube.podnet import PodNetwork
+from tests.kube.rest import ApiError, Obj
+
+logger = logging.getLogger("tests.kube.kubelet")
+REPO = Path(__file__).resolve().parents[2]
+SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+_VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Running:
+    """A process-backed pod's container."""
+
+    pod_key: str
+    uid: str
+    ip: str
+    netns: str
+    process: Process
+    spec_file: Path
+    restarts: int = 0
+    ready: bool = False
+    last_probe: float = 0.0
+
+
+@dataclass
+class KubeletSettings:
+    """Delays of the node side, seconds (small, so that mid-drain moments can be caught)."""
+
+    schedule_delay: float = 0.0
+    start_delay: float = 0.2
+    terminate_delay: float = 0.3
+    tick: float = 0.2
+    """How often the stand-in looks at the pods."""
+
+
+def _tolerates(pod: Obj, taint: Obj) -> bool:
+    for tol in pod["spec"].get("tolerations") or []:
+        if tol.get("effect") and tol["effect"] != taint.get("effect"):
+            continue
+        if tol.get("operator") == "Exists" and not tol.get("key"):
+            return True
+        if tol.get("key") != taint.get("key"):
+            continue
+        if tol.get("operator") == "Exists" or tol.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def _expr_matches(expr: Obj, values: dict[str, str]) -> bool:
+    key, op, wanted = expr["key"], expr["operator"], expr.get("values") or []
+    present = key in values
+    if op == "In":
+        return present and values[key] in wanted
+    if op == "NotIn":
+        return not present or values[key] not in wanted
+    if op == "Exists":
+        return present
+    if op == "DoesNotExist":
+        return not present
+    if op in ("Gt", "Lt") and present:
+        return int(values[key]) > int(wanted[0]) if op == "Gt" else int(values[key]) < int(wanted[0])
+    return False
+
+
+def fits(pod: Obj, node: Obj) -> bool:
+    """Whether the scheduler would put `pod` on `node` (the predicates the tests' pods use)."""
+    labels = node["metadata"].get("labels") or {}
+    taints = list(node["spec"].get("taints") or [])
+    if node["spec"].get("unschedulable"):
+        taints.append({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"})
+    for taint in taints:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(pod, taint):
+            return False
+    for key, value in (pod["spec"].get("nodeSelector") or {}).items():
+        if labels.get(key) != value:
+            return False
+    required = (
+        ((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+        or {}
+    ).get("nodeSelectorTerms")
+    if required:
+        fields = {"metadata.name": node["metadata"]["name"]}
+        return any(
+            all(_expr_matches(e, labels) for e in term.get("matchExpressions") or [])
+            and all(_expr_matches(e, fields) for e in term.get("matchFields") or [])
+            for term in required
+        )
+    return True
+
+
+@dataclass
+class FakeKubelet:
+    """Plays kubelet and scheduler for the nodes it registered."""
+
+    plane: ControlPlane
+    workdir: Path
+    settings: KubeletSettings = field(default_factory=KubeletSettings)
+    network: PodNetwork | None = None
+    """Where process-backed pods get their namespaces; None runs no process (every pod is fake)."""
+    runs_process: Callable[[Obj], bool] = lambda _pod: False
+    """Which pods are real processes (the project's image)."""
+    nodes: dict[str, Path] = field(default_factory=dict)
+    """Fake node name -> its root folder (hostPath volumes resolve there)."""
+    api_port_for_pods: int = 443
+    """The port pods reach the API server on (KUBERNETES_SERVICE_PORT), set by the harness."""
+    errors: list[str] = field(default_factory=list)
+    running: dict[str, Running] = field(default_factory=dict)
+    _seen: dict[str, float] = field(default_factory=dict)
+    _created_dirs: list[Path] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _fake_ip: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # -- nodes -----------------------------------------------------------------------------------
+
+    def add_node(
+        self,
+        name: str,
+        *,
+        labels: dict[str, str] | None = None,
+        taints: list[Obj] | None = None,
+        capacity: dict[str, str] | None = None,
+        provider_id: str | None = None,
+    ) -> Obj:
+        root = self.workdir / "nodes" / name
+        (root / "dev").mkdir(parents=True, exist_ok=True)
+        (root / "dev" / "kmsg").touch()
+        self.nodes[name] = root
+        caps = {"cpu": "32", "memory": "256Gi", "pods": "110", **(capacity or {})}
+        node: Obj = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    "kubernetes.io/hostname": name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    **(labels or {}),
+                },
+            },
+            "spec": {"taints": taints or [], **({"providerID": provider_id} if provider_id else {})},
+            "status": {
+                "capacity": caps,
+                "allocatable": caps,
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "kubelet stand-in",
+                        "lastHeartbeatTime": now_rfc3339(),
+                        "lastTransitionTime": now_rfc3339(),
+                    }
+                ],
+                "addresses": [{"type": "Hostname", "address": name}],
+                "nodeInfo": {
+                    "bootID": str(uuid.uuid4()),
+                    "machineID": uuid.uuid4().hex,
+                    "systemUUID": str(uuid.uuid4()),
+                    "kernelVersion": "6.1.0",
+                    "osImage": "Debian GNU/Linux 12 (bookworm)",
+                    "containerRuntimeVersion": "fake://1.0",
+                    "kubeletVersion": "v1.20.2",
+                    "kubeProxyVersion": "v1.20.2",
+                    "operatingSystem": "linux",
+                    "architecture": "amd64",
+                },
+            },
+        }
+        created: Obj = self.plane.admin.create("/api/v1/nodes", node)
+        if not created.get("status", {}).get("conditions"):
+            self.plane.admin.merge_patch(f"/api/v1/nodes/{name}/status", {"status": node["status"]})
+        return created
+
+    def reboot(self, name: str) -> str:
+        """A new boot id on the node (as after a reboot); returns it."""
+        boot = str(uuid.uuid4())
+        self.plane.admin.strategic_patch(
+            f"/api/v1/nodes/{name}/status", {"status": {"nodeInfo": {"bootID": boot}}}
+        )
+        return boot
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="fake-kubelet", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        for run in list(self.running.values()):
+            run.process.stop(timeout=5)
+        self.running.clear()
+        for path in reversed(self._created_dirs):
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sync()
+            except (ApiError, OSError, ValueError, KeyError) as exc:
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                logger.warning("kubelet stand-in: %s", exc)
+            self._stop.wait(self.settings.tick)
+
+    # -- one pass ---------------------------------------------------------------------------------
+
+    def sync(self) -> None:
+        with self._lock:
+            nodes = {n["metadata"]["name"]: n for n in self.plane.admin.items("/api/v1/nodes")}
+            pods = self.plane.admin.items("/api/v1/pods")
+            now = time.monotonic()
+            load: dict[str, int] = {}
+            for pod in pods:
+                node = pod["spec"].get("nodeName")
+                if node:
+                    load[node] = load.get(node, 0) + 1
+            live_keys = set()
+            for pod in pods:
+                meta = pod["metadata"]
+                key = f"{meta['namespace']}/{meta['name']}/{meta['uid']}"
+                live_keys.add(key)
+                first = self._seen.setdefault(key, now)
+                node = pod["spec"].get("nodeName")
+                if meta.get("deletionTimestamp"):
+                    self._terminate(pod, key, first_seen=first, now=now)
+                elif not node:
+                    if now - first >= self.settings.schedule_delay:
+                        self._schedule(pod, nodes, load)
+                elif node in self.nodes:
+                    self._run(pod, key, now=now, first_seen=first)
+            for key in list(self.running):
+                if key not in live_keys:
+                    self.running.pop(key).process.stop(timeout=5)
+            for key in list(self._seen):
+                if key not in live_keys:
+                    del self._seen[key]
+
+    def _schedule(self, pod: Obj, nodes: dict[str, Obj], load: dict[str, int]) -> None:
+        candidates = [n for n in nodes.values() if n["metadata"]["name"] in self.nodes and fits(pod, n)]
+        if not candidates:
+            return
+        target = min(candidates, key=lambda n: (load.get(n["metadata"]["name"], 0), n["metadata"]["name"]))
+        name = target["metadata"]["name"]
+        meta = pod["metadata"]
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": meta["name"]},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": name},
+        }
+        try:
+            self.plane.admin.create(
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding", binding
+            )
+        except ApiError as exc:
+            if exc.status not in (404, 409):
+                raise
+            return
+        load[name] = load.get(name, 0) + 1
+
+    def _status(self, pod: Obj, *, ip: str, ready: bool, restarts: int = 0) -> Obj:
+        spec = pod["spec"]
+        started = pod.get("status", {}).get("startTime") or now_rfc3339()
+        flag = "True" if ready else "False"
+        conditions = [
+            {"type": t, "status": s, "lastTransitionTime": now_rfc3339()}
+            for t, s in (
+                ("Initialized", "True"),
+                ("Ready", flag),
+                ("ContainersReady", flag),
+                ("PodScheduled", "True"),
+            )
+        ]
+        return {
+            "status": {
+                "phase": "Running",
+                "hostIP": "10.213.0.1",
+                "podIP": ip,
+                "podIPs": [{"ip": ip}],
+                "startTime": started,
+                "conditions": conditions,
+                "containerStatuses": [
+                    {
+                        "name": c["name"],
+                        "image": c.get("image", ""),
+                        "imageID": "",
+                        "ready": ready,
+                        "started": True,
+                        "restartCount": restarts,
+                        "state": {"running": {"startedAt": started}},
+                    }
+                    for c in spec["containers"]
+                ],
+            }
+        }
+
+    def _patch_status(self, pod: Obj, status: Obj) -> None:
+        meta = pod["metadata"]
+        try:
+            self.plane.admin.merge_patch(
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status", status
+            )
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
+    def _run(self, pod: Obj, key: str, *, now: float, first_seen: float) -> None:
+        status = pod.get("status") or {}
+        if not self.runs_process(pod) or self.network is None:
+            if status.get("phase") != "Running" and now - first_seen >= self.settings.start_delay:
+                self._fake_ip += 1
+                ip = f"10.244.{self._fake_ip // 250}.{1 + self._fake_ip % 250}"
+                self._patch_status(pod, self._status(pod, ip=ip, ready=True))
+            return
+        run = self.running.get(key)
+        if run is None:
+            if now - first_seen < self.settings.start_delay:
+                return
+            run = self._start_process(pod, key)
+            self.running[key] = run
+            self._patch_status(pod, self._status(pod, ip=run.ip, ready=False))
+            return
+        if run.process.popen.poll() is not None:
+            code = run.process.popen.returncode
+            logger.warning("pod %s exited with %s; restarting", key, code)
+            run.restarts += 1
+            run.ready = False
+            run.process = self._exec(run.netns, run.spec_file, name=run.process.name)
+            self._patch_status(pod, self._status(pod, ip=run.ip, ready=False, restarts=run.restarts))
+            return
+        probe = pod["spec"]["containers"][0].get("readinessProbe")
+        period = float((probe or {}).get("periodSeconds", 10)) if probe else 0.5
+        if now - run.last_probe < min(period, 1.0):
+            return
+        run.last_probe = now
+        ready = self._probe(pod, run.ip) if probe else True
+        if ready != run.ready or status.get("podIP") != run.ip:
+            run.ready = ready
+            self._patch_status(pod, self._status(pod, ip=run.ip, ready=ready, restarts=run.restarts))
+
+    def _probe(self, pod: Obj, ip: str) -> bool:
+        container = pod["spec"]["containers"][0]
+        http = (container.get("readinessProbe") or {}).get("httpGet")
+        if not http:
+            return True
+        port = http["port"]
+        if isinstance(port, str):
+            port = next(p["containerPort"] for p in container.get("ports", []) if p.get("name") == port)
+        url = f"http://{ip}:{port}{http.get('path', '/')}"
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as resp:
+                return 200 <= int(resp.status) < 400
+        except OSError:
+            return False
+
+    def _terminate(self, pod: Obj, key: str, *, first_seen: float, now: float) -> None:
+        meta = pod["metadata"]
+        run = self.running.pop(key, None)
+        if run is not None:
+            grace = float(meta.get("deletionGracePeriodSeconds") or 30)
+            run.process.stop(timeout=grace)
+        deleted_at = self._seen.setdefault(key + "#deleting", now)
+        if now - deleted_at < self.settings.terminate_delay and run is None:
+            return
+        with contextlib.suppress(ApiError):
+            self.plane.admin.delete(
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                {
+                    "apiVersion": "v1",
+                    "kind": "DeleteOptions",
+                    "gracePeriodSeconds": 0,
+                    "preconditions": {"uid": meta["uid"]},
+                },
+            )
+
+    # -- processes --------------------------------------------------------------------------------
+
+    def _mount_point(self, target: str, *, is_file: bool) -> None:
+        path = Path(target)
+        if path.exists():
+            return
+        top = path if not is_file else path.parent
+        missing = top
+        while not missing.parent.exists():
+            missing = missing.parent
+        if not is_file:
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+        self._created_dirs.append(missing)
+
+    def _volume(self, pod: Obj, volume: Obj, pod_dir: Path) -> Path:
+        name = volume["name"]
+        ns = pod["metadata"]["namespace"]
+        target: Path = pod_dir / "volumes" / name
+        if "hostPath" in volume:
+            node_root = self.nodes[pod["spec"]["nodeName"]]
+            host: Path = node_root / str(volume["hostPath"]["path"]).lstrip("/")
+            kind = volume["hostPath"].get("type", "")
+            if not host.exists():
+                if kind != "DirectoryOrCreate":
+                    raise FileNotFoundError(
+                        f"hostPath {volume['hostPath']['path']} ({kind}) is not on the node"
+                    )
+                host.mkdir(parents=True, exist_ok=True)
+            return host
+        for source_kind, api in (("secret", "secrets"), ("configMap", "configmaps")):
+            if source_kind in volume:
+                src = volume[source_kind]
+                obj_name = src.get("secretName") or src.get("name")
+                obj = self.plane.admin.get(f"/api/v1/namespaces/{ns}/{api}/{obj_name}")
+                data = obj.get("data") or {}
+                target.mkdir(parents=True, exist_ok=True)
+                items = src.get("items") or [{"key": k, "path": k} for k in data]
+                mode = int(src.get("defaultMode", 0o644))
+                for item in items:
+                    if item["key"] not in data:
+                        raise KeyError(f"{source_kind} {ns}/{obj_name} has no key {item['key']}")
+                    value = data[item["key"]]
+                    raw = base64.b64decode(value) if source_kind == "secret" else value.encode()
+                    out = target / item["path"]
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    out.write_bytes(raw)
+                    out.chmod(int(item.get("mode", mode)))
+                return target
+        if "emptyDir" in volume:
+            target.mkdir(parents=True, exist_ok=True)
+            return target
+        raise ValueError(f"volume {name}: kind not played by the kubelet stand-in: {sorted(volume)}")
+
+    def _start_process(self, pod: Obj, key: str) -> Running:
+        assert self.network is not None
+        meta, spec = pod["metadata"], pod["spec"]
+        container = spec["containers"][0]
+        pod_dir = self.workdir / "pods" / f"{meta['namespace']}_{meta['name']}"
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        volumes = {v["name"]: v for v in spec.get("volumes") or []}
+        mounts: list[tuple[str, str, bool]] = []
+        for vm in container.get("volumeMounts") or []:
+            volume_dir = self._volume(pod, volumes[vm["name"]], pod_dir)
+            mounts.append((str(volume_dir), vm["mountPath"], bool(vm.get("readOnly"))))
+        sa_name = spec.get("serviceAccountName") or "default"
+        automount = spec.get("automountServiceAccountToken")
+        if automount is None:
+            sa = self.plane.admin.get(f"/api/v1/namespaces/{meta['namespace']}/serviceaccounts/{sa_name}")
+            automount = sa.get("automountServiceAccountToken", True)
+        if automount:
+            sa_dir = pod_dir / "serviceaccount"
+            sa_dir.mkdir(parents=True, exist_ok=True)
+            (sa_dir / "token").write_text(self.plane.service_account_token(meta["namespace"], sa_name))
+            shutil.copyfile(self.plane.pki.ca_cert, sa_dir / "ca.crt")
+            (sa_dir / "namespace").write_text(meta["namespace"])
+            mounts.append((str(sa_dir), SA_MOUNT, True))
+        for source, mount_path, _ro in mounts:
+            self._mount_point(mount_path, is_file=Path(source).is_file())
+        env = self._env(pod, container)
+        argv = [*container.get("command", []), *container.get("args", [])]
+        argv = [_VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), a) for a in argv]
+        argv[0] = shutil.which(argv[0], path=str(Path(sys.executable).parent)) or argv[0]
+        netns, ip = self.network.add_pod()
+        spec_file = pod_dir / "podrun.json"
+        spec_file.write_text(json.dumps({"argv": argv, "env": env, "mounts": mounts}))
+        name = f"pod-{meta['namespace']}-{meta['name']}"
+        return Running(
+            pod_key=key,
+            uid=meta["uid"],
+            ip=ip,
+            netns=netns,
+            process=self._exec(netns, spec_file, name=name),
+            spec_file=spec_file,
+        )
+
+    def _exec(self, netns: str, spec_file: Path, *, name: str) -> Process:
+        log = self.workdir / f"{name}.log"
+        argv = [
+            "ip",
+            "netns",
+            "exec",
+            netns,
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            sys.executable,
+            "-m",
+            "tests.kube.podrun",
+            str(spec_file),
+        ]
+        with log.open("ab") as out:
+            popen = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=REPO,
+                start_new_session=True,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+            )
+        return Process(name=name, popen=popen, log=log)
+
+    def _env(self, pod: Obj, container: Obj) -> dict[str, str]:
+        meta = pod["metadata"]
+        env: dict[str, str] = {
+            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+            "HOSTNAME": meta["name"],
+            "KUBERNETES_SERVICE_HOST": self.network.host_ip if self.network else "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": str(self.api_port_for_pods),
+            "PYTHONUNBUFFERED": "1",
+        }
+        fields = {
+            "metadata.name": meta["name"],
+            "metadata.namespace": meta["namespace"],
+            "metadata.uid": meta["uid"],
+            "spec.nodeName": pod["spec"].get("nodeName", ""),
+            "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default"),
+        }
+        for item in container.get("env") or []:
+            if "value" in item:
+                env[item["name"]] = _VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), item["value"])
+            elif "fieldRef" in (item.get("valueFrom") or {}):
+                env[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        return env
+
+    # -- helpers for tests ------------------------------------------------------------------------
+
+    def pod_process(self, namespace: str, name: str) -> Running:
+        for key, run in self.running.items():
+            if key.startswith(f"{namespace}/{name}/"):
+                return run
+        raise KeyError(f"{namespace}/{name} is not a running process")
+
+    def kill(self, namespace: str, name: str) -> None:
+        """SIGKILL the pod's process, as a crash or an OOM kill would (the stand-in restarts it)."""
+        run = self.pod_process(namespace, name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.process.popen.pid, signal.SIGKILL)
+
+
+def write_kmsg(node_root: Path, message: str, *, level: int = 3) -> None:
+    """Append one record in /dev/kmsg format to a fake node's kernel log."""
+    kmsg = node_root / "dev" / "kmsg"
+    seq, ts = 0, 0
+    for line in kmsg.read_text().splitlines():
+        head = line.split(";", 1)[0].split(",")
+        if len(head) >= 3 and head[1].isdigit():
+            seq, ts = int(head[1]), int(head[2])
+    with kmsg.open("a") as out:
+        out.write(f"{level},{seq + 1},{ts + 1_000_000},-;{message}\n")
+
+
+__all__ = ["FakeKubelet", "KubeletSettings", "fits", "write_kmsg"]

@@ -1,0 +1,85 @@
+"""Pod networking for process-backed pods: one Linux bridge on the host and a network namespace per
+pod, each with its own address, so every pod listens on its manifest's own port (0.0.0.0:9836 twice
+is two pods, not a conflict) and Prometheus scrapes pod IPs as it does in a cluster.
+
+Addresses come from 10.213.N.0/24, N chosen per run; they exist only inside this machine's own
+namespaces and the bridge this module creates and removes. Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN)
+and iproute2; `available()` says whether this machine can.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=20)
+
+
+def available() -> str | None:
+    """None when pod networks can be made here, else the reason they cannot."""
+    if os.geteuid() != 0:
+        return "pod network namespaces need root"
+    for tool in ("ip", "unshare", "mount"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    probe = f"ahprobe{os.getpid() % 100000}"
+    made = _ip("netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return f"cannot create a network namespace: {made.stderr.strip()}"
+    _ip("netns", "del", probe, check=False)
+    return None
+
+
+@dataclass
+class PodNetwork:
+    """A bridge `ahb<id>` with the host at 10.213.N.1 and pods from 10.213.N.10 up."""
+
+    ident: str = field(default_factory=lambda: f"{os.getpid() % 100000}")
+    subnet: int = field(default_factory=lambda: 1 + os.getpid() % 250)
+    _next: int = 10
+    _namespaces: list[str] = field(default_factory=list)
+
+    @property
+    def bridge(self) -> str:
+        return f"ahb{self.ident}"
+
+    @property
+    def host_ip(self) -> str:
+        return f"10.213.{self.subnet}.1"
+
+    def create(self) -> None:
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"{self.host_ip}/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+
+    def add_pod(self) -> tuple[str, str]:
+        """A new namespace wired to the bridge: (namespace name, pod IP)."""
+        n = self._next
+        self._next += 1
+        if n > 250:
+            raise RuntimeError("pod network exhausted (240 pods)")
+        ns = f"ah{self.ident}p{n}"
+        host_end, pod_end = f"ah{self.ident}h{n}", f"ah{self.ident}c{n}"
+        ip = f"10.213.{self.subnet}.{n}"
+        _ip("netns", "add", ns)
+        self._namespaces.append(ns)
+        _ip("link", "add", host_end, "type", "veth", "peer", "name", pod_end)
+        _ip("link", "set", pod_end, "netns", ns)
+        _ip("link", "set", host_end, "master", self.bridge)
+        _ip("link", "set", host_end, "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("-n", ns, "link", "set", pod_end, "name", "eth0")
+        _ip("-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
+        _ip("-n", ns, "link", "set", "eth0", "up")
+        _ip("-n", ns, "route", "add", "default", "via", self.host_ip)
+        return ns, ip
+
+    def destroy(self) -> None:
+        for ns in self._namespaces:
+            _ip("netns", "del", ns, check=False)
+        self._namespaces.clear()
+        _ip("link", "del", self.bridge, check=False)

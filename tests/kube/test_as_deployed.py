@@ -1,0 +1,272 @@
+"""accel-health as deployed: deploy/overlays/enforce applied to a real API server, the exporter
+DaemonSet and both remediator replicas running with the rendered containers' own args, env, volumes
+and ServiceAccount (so the shipped RBAC is what the API server enforces), real Prometheus with the
+shipped scrape configuration and rules, real Alertmanager with the shipped routing.
+
+A fatal Xid written to a node's kernel log must end, with nothing else in between, in a cordoned node
+with its AcceleratorHealthy condition False, its pods evicted through the Eviction API under the
+PodDisruptionBudgets the disruption controller enforces, DaemonSet and mirror pods left alone, and
+Events telling the story; killing the leader mid-drain must not stop the drain nor repeat any of it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.kube.conftest import deployed_skip_reason
+from tests.kube.controlplane import apply_objects, wait_for
+from tests.kube.deployed import NAMESPACE, REMEDIATOR, Deployment
+from tests.kube.kubelet import KubeletSettings
+from tests.kube.rest import Obj
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+SA_USER = f"system:serviceaccount:{NAMESPACE}:{REMEDIATOR}"
+XID_79 = "NVRM: Xid (PCI:0000:9d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+WORK_NS = "training"
+
+
+@pytest.fixture(scope="module")
+def cluster(workdir: Path) -> Iterator[Deployment]:
+    reason = deployed_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    # Replacement pods take 2 s to become Ready, so a drain under a PDB takes seconds per pod and the
+    # leader can be killed in the middle of one.
+    with Deployment(
+        workdir=workdir, overlay="enforce", gpu_nodes=3, kubelet_settings=KubeletSettings(start_delay=2.0)
+    ) as deployment:
+        _workloads(deployment)
+        deployment.wait_ready()
+        yield deployment
+
+
+def _workloads(d: Deployment) -> None:
+    labels = {"app": "trainer"}
+    apply_objects(
+        d.admin,
+        [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": WORK_NS}},
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "trainer", "namespace": WORK_NS},
+                "spec": {
+                    "replicas": 6,
+                    "selector": {"matchLabels": labels},
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {
+                            "nodeSelector": {"nvidia.com/gpu.present": "true"},
+                            "containers": [{"name": "train", "image": "trainer:1"}],
+                        },
+                    },
+                },
+            },
+            {
+                "apiVersion": "policy/v1beta1",
+                "kind": "PodDisruptionBudget",
+                "metadata": {"name": "trainer", "namespace": WORK_NS},
+                "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels}},
+            },
+        ],
+    )
+    for node in ("gpu-node-1", "gpu-node-2"):
+        # What the kubelet makes of a static pod: a mirror pod the API cannot evict.
+        d.admin.create(
+            "/api/v1/namespaces/kube-system/pods",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"node-local-dns-{node}",
+                    "namespace": "kube-system",
+                    "annotations": {
+                        "kubernetes.io/config.mirror": "static",
+                        "kubernetes.io/config.source": "file",
+                    },
+                },
+                "spec": {"nodeName": node, "containers": [{"name": "dns", "image": "dns:1"}]},
+            },
+        )
+    wait_for(
+        "6 trainers ready",
+        lambda: sum(_ready(p) for p in d.pods(WORK_NS)) == 6,
+        timeout=60,
+    )
+
+
+def _audit(d: Deployment) -> list[Obj]:
+    """What the remediator's ServiceAccount asked of the API server, per the server's audit log."""
+    assert d.plane is not None
+    return d.plane.audit(user=SA_USER)
+
+
+def _ready(pod: Obj) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def _on(d: Deployment, node: str, namespace: str | None = None) -> list[Obj]:
+    pods = d.admin.items("/api/v1/pods", fieldSelector=f"spec.nodeName={node}")
+    return [p for p in pods if namespace is None or p["metadata"]["namespace"] == namespace]
+
+
+def _condition(node: Obj, kind: str) -> dict[str, Any] | None:
+    return next((c for c in node["status"].get("conditions", []) if c["type"] == kind), None)
+
+
+def _drained(d: Deployment, node: str) -> bool:
+    return d.node(node)["spec"].get("unschedulable") is True and not _on(d, node, WORK_NS)
+
+
+def test_the_remediator_starts_as_the_manifest_starts_it_and_one_replica_leads(cluster: Deployment) -> None:
+    pods = cluster.remediator_pods()
+    assert len(pods) == 2
+    args = pods[0]["spec"]["containers"][0]["args"]
+    assert "--in-cluster" not in args
+    assert not any(a.startswith(("--kubeconfig", "--lease-duration")) for a in args)
+    leader = cluster.leader()
+    assert leader is not None
+    assert sum(_ready(p) for p in pods) == 1
+    assert _ready(leader)
+
+
+def test_a_fatal_xid_cordons_and_drains_its_node_through_the_whole_chain(cluster: Deployment) -> None:
+    node = "gpu-node-1"
+    before_other = {
+        n: cluster.node(n)["metadata"]["resourceVersion"] for n in ("control-plane-1", "cpu-node-1")
+    }
+    kept = {p["metadata"]["name"] for p in _on(cluster, node) if p["metadata"]["namespace"] != WORK_NS}
+    trainers = {p["metadata"]["name"] for p in _on(cluster, node, WORK_NS)}
+    assert trainers, "the scenario needs trainer pods on the node"
+    cluster.write_fault(node, XID_79)
+    wait_for("the node drained", lambda: _drained(cluster, node), timeout=120, interval=0.5)
+
+    obj = cluster.node(node)
+    condition = _condition(obj, "AcceleratorHealthy")
+    assert condition is not None
+    assert condition["status"] == "False"
+    # DaemonSet and mirror pods stay; the trainers were evicted and run elsewhere.
+    assert {p["metadata"]["name"] for p in _on(cluster, node)} == kept
+    wait_for("6 trainers ready again", lambda: sum(_ready(p) for p in cluster.pods(WORK_NS)) == 6, timeout=60)
+    # Nothing else was touched.
+    for other in ("gpu-node-2", "gpu-node-3", "cpu-node-1", "control-plane-1"):
+        assert not cluster.node(other)["spec"].get("unschedulable"), other
+    for name, version in before_other.items():
+        assert cluster.node(name)["metadata"]["resourceVersion"] == version, name
+    evictions = [e for e in _audit(cluster) if e["objectRef"].get("subresource") == "eviction"]
+    assert {e["objectRef"]["name"] for e in evictions if e["responseStatus"]["code"] == 201} == trainers
+
+
+def test_kubectl_describe_node_tells_the_story_in_events(cluster: Deployment) -> None:
+    node = "gpu-node-1"
+    wait_for("the drain's end as an Event", lambda: _has_reason(cluster, node, "Drain"), timeout=60)
+    events = cluster.events(node)
+    ours = [
+        e
+        for e in events
+        if (e.get("source") or {}).get("component") == REMEDIATOR or e.get("reportingComponent") == REMEDIATOR
+    ]
+    text = "\n".join(f"{e['reason']}: {e['message']}" for e in ours)
+    assert ours, f"no Event from {REMEDIATOR}: {events}"
+    described = cluster.plane.kubectl("describe", "node", node)  # type: ignore[union-attr]
+    for event in ours:
+        assert event["reason"] in described
+    assert "Cordon" in text, text
+    assert "Drain" in text, text
+
+
+def _has_reason(d: Deployment, node: str, part: str) -> bool:
+    return any(part in e["reason"] for e in d.events(node))
+
+
+def test_killing_the_leader_mid_drain_fails_over_and_the_drain_finishes_once(cluster: Deployment) -> None:
+    assert cluster.kubelet is not None
+    assert cluster.plane is not None
+    node = "gpu-node-2"
+    trainers = {p["metadata"]["name"] for p in _on(cluster, node, WORK_NS)}
+    assert len(trainers) >= 2, "the scenario needs two trainers on the node (one eviction at a time)"
+    old = cluster.leader()
+    assert old is not None
+    cluster.write_fault(node, XID_79)
+
+    def first_eviction() -> bool:
+        return any(
+            e["objectRef"].get("subresource") == "eviction"
+            and e["objectRef"]["name"] in trainers
+            and e["responseStatus"]["code"] == 201
+            for e in _audit(cluster)
+        )
+
+    wait_for("the first eviction on the node", first_eviction, timeout=120, interval=0.2)
+    assert not _drained(cluster, node), "the drain finished before the leader could be killed"
+    cluster.kubelet.kill(NAMESPACE, old["metadata"]["name"])
+    took = _time(
+        lambda: (lead := cluster.leader()) is not None and lead["metadata"]["name"] != old["metadata"]["name"]
+    )
+    assert took <= 15 + 5, f"the other replica took {took:.1f}s to lead (lease 15 s)"
+    wait_for("the node drained by the new leader", lambda: _drained(cluster, node), timeout=120, interval=0.5)
+    codes: dict[str, list[int]] = {}
+    for e in _audit(cluster):
+        if e["objectRef"].get("subresource") == "eviction" and e["objectRef"]["name"] in trainers:
+            codes.setdefault(e["objectRef"]["name"], []).append(e["responseStatus"]["code"])
+    # Each trainer evicted exactly once (a 429 from the PDB is a wait, not an eviction).
+    assert {name: c.count(201) for name, c in codes.items()} == dict.fromkeys(trainers, 1)
+
+
+def _time(check: Any, timeout: float = 60.0) -> float:
+    t0 = time.monotonic()
+    wait_for("a new leader", check, timeout=timeout, interval=0.2)
+    return time.monotonic() - t0
+
+
+def test_no_request_of_the_remediator_was_forbidden(cluster: Deployment) -> None:
+    assert cluster.plane is not None
+    forbidden = [
+        f"{e['verb']} {e['requestURI']}" for e in _audit(cluster) if e["responseStatus"]["code"] == 403
+    ]
+    assert forbidden == []
+    assert "forbidden" not in cluster.remediator_logs().lower()
+
+
+def test_every_shipped_rbac_rule_of_the_remediator_is_used(cluster: Deployment) -> None:
+    assert cluster.plane is not None
+    used = {
+        (
+            e["objectRef"].get("apiGroup", ""),
+            e["objectRef"]["resource"]
+            + ("/" + e["objectRef"]["subresource"] if e["objectRef"].get("subresource") else ""),
+            e["verb"],
+            e["objectRef"].get("name", ""),
+        )
+        for e in _audit(cluster)
+        if e.get("objectRef") and e["responseStatus"]["code"] < 400
+    }
+    unused = []
+    for obj in cluster.objects:
+        if obj["kind"] not in ("ClusterRole", "Role") or not obj["metadata"]["name"].startswith(REMEDIATOR):
+            continue
+        for rule in obj["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        names = rule.get("resourceNames") or [None]
+                        for name in names:
+                            if not any(
+                                u[0] == group
+                                and u[1] == resource
+                                and u[2] == verb
+                                and (name is None or u[3] == name)
+                                for u in used
+                            ):
+                                unused.append(
+                                    f"{obj['kind']} {obj['metadata']['name']}: {verb} {group}/{resource}"
+                                    + (f" {name}" if name else "")
+                                )
+    assert unused == []
