@@ -5,12 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit rules manifests setup tools clean bench
+.PHONY: demo test lint typecheck unit rules manifests setup tools control-plane clean bench
 
 demo: setup
 	$(BIN)/python -m examples.demo
 
-test: setup lint typecheck rules unit
+test: setup lint typecheck rules control-plane unit
 
 setup: $(STAMP) tools
 
@@ -24,6 +24,12 @@ $(STAMP): pyproject.toml
 # only when missing.
 tools:
 	@bash scripts/install-tools.sh
+
+# A real kube-apiserver and kube-controller-manager for tests/kube, built once from Debian's source
+# package (~11 min on 2 cores) and cached in ~/.cache/accel-health/kube/; KUBEBUILDER_ASSETS=DIR uses
+# yours instead (etcd, kube-apiserver, kube-controller-manager).
+control-plane:
+	@bash scripts/build-control-plane.sh >/dev/null
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -299,7 +299,7 @@ def start_control_plane(workdir: Path, *, extra_ips: tuple[str, ...] = ()) -> Co
             if plane.processes[-1].popen.poll() is not None:
                 raise RuntimeError("kube-apiserver exited\n" + plane.logs())
             try:
-                plane.admin.get("/readyz")
+                plane.admin.get("/api/v1/namespaces/default")
             except (ApiError, OSError, ValueError):
                 return False
             return True

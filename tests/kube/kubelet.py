@@ -152,6 +152,7 @@ class FakeKubelet:
     errors: list[str] = field(default_factory=list)
     running: dict[str, Running] = field(default_factory=dict)
     _seen: dict[str, float] = field(default_factory=dict)
+    _deleting: dict[str, float] = field(default_factory=dict)
     _created_dirs: list[Path] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -282,9 +283,10 @@ class FakeKubelet:
             for key in list(self.running):
                 if key not in live_keys:
                     self.running.pop(key).process.stop(timeout=5)
-            for key in list(self._seen):
-                if key not in live_keys:
-                    del self._seen[key]
+            for seen in (self._seen, self._deleting):
+                for key in list(seen):
+                    if key not in live_keys:
+                        del seen[key]
 
     def _schedule(self, pod: Obj, nodes: dict[str, Obj], load: dict[str, int]) -> None:
         candidates = [n for n in nodes.values() if n["metadata"]["name"] in self.nodes and fits(pod, n)]
@@ -410,10 +412,10 @@ class FakeKubelet:
         if run is not None:
             grace = float(meta.get("deletionGracePeriodSeconds") or 30)
             run.process.stop(timeout=grace)
-        deleted_at = self._seen.setdefault(key + "#deleting", now)
+        deleted_at = self._deleting.setdefault(key, now)
         if now - deleted_at < self.settings.terminate_delay and run is None:
             return
-        with contextlib.suppress(ApiError):
+        try:
             self.plane.admin.delete(
                 f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
                 {
@@ -423,6 +425,9 @@ class FakeKubelet:
                     "preconditions": {"uid": meta["uid"]},
                 },
             )
+        except ApiError as exc:
+            if exc.status not in (404, 409):
+                raise
 
     # -- processes --------------------------------------------------------------------------------
 

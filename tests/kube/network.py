@@ -46,6 +46,7 @@ class Loop:
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
+        self.loop.close()
 
 
 @dataclass
