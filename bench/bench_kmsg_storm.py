@@ -29,7 +29,7 @@ RECORDS = 1_000_000
 XID_EVERY = 5
 """Four records in five are Xid 95 records: 800,000 of 1,000,000."""
 CHUNK_BYTES = 65536
-GPUS = ("0000:18:00", "0000:2a:00", "0000:3a:00", "0000:5d:00", "0000:9a:00", "0000:ab:00", "0000:ba:00", "0000:db:00")
+GPUS = tuple(f"0000:{bus}:00" for bus in ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db"))
 DETAILS = (
     "Uncontained: FBHUB. RST: Yes, D-RST: No",
     "Uncontained: LTC TAG (0x2,0x1). RST: Yes, D-RST: No",
@@ -136,7 +136,8 @@ def main() -> None:
     mode = parser.parse_args().mode
     if mode is not None:
         sys.exit(run(mode))
-    print(f"kmsg storm: {RECORDS:,} records, {RECORDS - RECORDS // XID_EVERY:,} of them Xid 95 ({len(XIDS)} distinct)")
+    xids = RECORDS - RECORDS // XID_EVERY
+    print(f"kmsg storm: {RECORDS:,} records, {xids:,} of them Xid 95 ({len(XIDS)} distinct)")
     failed = 0
     for each in ("file", "device"):
         failed |= subprocess.run([sys.executable, __file__, f"--mode={each}"], check=False).returncode
