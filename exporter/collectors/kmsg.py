@@ -35,7 +35,7 @@ def kmsg_metrics(snapshot: KmsgSnapshot, *, gpu_indices: Mapping[str, int]) -> l
         xid.add_sample("accel_gpu_xid_errors_total", labels, count)
     fell_off = CounterMetricFamily(
         "accel_gpu_fallen_off_bus",
-        "The driver's multi-line 'GPU has fallen off the bus' messages (no Xid number) since boot.",
+        "GPU fall-offs the driver reported without an Xid number, once per fall-off, since boot.",
         labels=["pci_bus_id", "gpu"],
     )
     for pci, count in sorted(snapshot.fallen_off_bus.items()):

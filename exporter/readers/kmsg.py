@@ -4,6 +4,26 @@ Record format (Documentation/ABI/testing/dev-kmsg): ``PRIORITY,SEQ,TS_usec,FLAGS
 optional continuation lines that start with a space (`` SUBSYSTEM=pci``). Plain-text lines without the
 prefix are accepted too; the whole line is then the message.
 
+Which lines count. A record counts only when its message IS the driver's line: the driver's words
+(``NVRM: Xid (``, ``nvidia-nvswitchN: SXid (``, ``NVRM: GPU ... has fallen off the bus``) from its first
+character. In a plain-text line (a file of ``dmesg`` or syslog output) a ``[ 123.456]`` timestamp and a
+syslog header ending in ``kernel:`` may come first. Text that merely quotes such a line is not counted:
+a health check or a job that logs an earlier Xid, forwarded to the kernel log by journald
+(``ForwardToKMsg``), arrives as ``somecheck[1234]: ... NVRM: Xid (...)``, with the sender's tag first.
+
+The record's facility says who wrote it: 0 (kernel) only for the kernel's own messages; a process
+writing to /dev/kmsg always gets another (the kernel gives it 1, user, when the text has no ``<N>``
+prefix or one naming facility 0). A fault injection written the way NVIDIA's and peers' guides show
+it (``echo "NVRM: Xid (PCI:0000:3b:00): 79, ..." > /dev/kmsg``) is therefore a facility-1 record in
+the driver's exact shape, and it counts; the exporter's log says which Xids came from a process, so
+an injected fault can be told from a real one. NEURON_HW_ERR keeps matching anywhere in a message:
+AWS's own test line is ``test NEURON_HW_ERR=DMA_ERROR test``.
+
+One fault, one count: an NVSwitch error is a header record and then ``Severity ... Engine
+instance ...`` and ``Data {...}`` records under the same SXid: only the header counts. A GPU that has
+fallen off the bus counts once however many lines the driver prints about it, until the driver names
+the GPU again (``NVRM: GPU at PCI:...: GPU-<uuid>``).
+
 Layers, from pure to impure:
 
 - :func:`parse_record` and :func:`parse_message` are pure functions of one line.
@@ -34,16 +54,29 @@ from typing import TypeVar
 logger = logging.getLogger(__name__)
 
 _PCI = r"[0-9a-fA-F]{1,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
+_PLAIN_PREFIX = re.compile(r"(?:<\d{1,3}>)?(?:(?:\S*[^\s:]\s+){1,4}kernel:\s+)?(?:\[\s*\d+\.\d+\]\s*)?")
+"""What may precede the driver's words in plain text: ``/proc/kmsg``'s ``<N>``, a syslog header whose tag
+is ``kernel:`` (up to four fields before it, none ending in a colon, so ``somecheck[1234]:`` is no such
+header) and a dmesg timestamp. Matched at the start of the message only."""
 _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<pci>" + _PCI + r")"
     r"(?: GPU-I:(?P<gi>\d+))?(?: GPU-CI:(?P<ci>\d+))?\):\s*(?P<xid>\d+)(?:,\s*(?P<rest>.*))?"
 )
-_SXID = re.compile(r"SXid \((?:PCI:)?(?P<pci>" + _PCI + r")\):\s*(?P<sxid>\d+)(?:,\s*(?P<rest>.*))?")
+_SXID = re.compile(
+    r"(?:nvidia-nvswitch\d+: )?SXid \((?:PCI:)?(?P<pci>" + _PCI + r")\):\s*(?P<sxid>\d+)(?:,\s*(?P<rest>.*))?"
+)
+_SXID_CONTINUATION = re.compile(r"Severity \d+ Engine instance|Data \{")
+"""The records the NVSwitch driver prints after an error's header, under the same SXid."""
 _NEURON = re.compile(r"NEURON_HW_ERR=(?P<error>[A-Za-z0-9_]+)")
 _NEURON_DEVICE = re.compile(r"\bnd-id=(?P<nd>\d+)")
 _GPU_UUID = re.compile(r"NVRM: GPU at PCI:(?P<pci>" + _PCI + r"):\s*(?P<uuid>GPU-[0-9a-fA-F-]+)")
 _FELL_OFF_FIRST = re.compile(r"NVRM: The NVIDIA GPU (?P<pci>" + _PCI + r")")
 _FELL_OFF_LAST = "fallen off the bus and is not responding"
+_FELL_OFF_LINE = re.compile(
+    r"NVRM: GPU (?:at )?(?:PCI:)?(?P<pci>" + _PCI + r"):? (?:GPU )?has fallen off the bus"
+)
+"""One line without an Xid: ``NVRM: GPU at 0000:01:00.0 has fallen off the bus.`` (older drivers) and
+``NVRM: GPU 0000:01:00.0: GPU has fallen off the bus.`` (current ones, after their Xid 79)."""
 _CAUSED_BY = re.compile(r"caused by previous Xid (\d+)")
 
 
@@ -80,6 +113,11 @@ class KmsgRecord:
     """The kernel's 64-bit record sequence number; None for plain-text lines."""
     timestamp_us: int | None = None
     """Microseconds since boot (monotonic clock); None for plain-text lines."""
+
+    @property
+    def facility(self) -> int | None:
+        """0 for the kernel's own messages, 1 (user) or more for text a process wrote to /dev/kmsg."""
+        return None if self.priority is None else self.priority >> 3
 
 
 def _split_prefix(line: str) -> tuple[list[str] | None, str]:
@@ -142,7 +180,8 @@ class NeuronHwErrorEvent:
 
 @dataclass(frozen=True)
 class FallenOffBusEvent:
-    """The driver's three-line "has fallen off the bus" message that carries no Xid number."""
+    """A "has fallen off the bus" message without an Xid number: the driver's three-line message, or
+    the single line ``NVRM: GPU at 0000:01:00.0 has fallen off the bus.``"""
 
     pci_bus_id: str
     """Normalised, empty if the first line of the message was never seen."""
@@ -185,24 +224,28 @@ def _parse_xid(match: re.Match[str]) -> XidEvent:
     )
 
 
-def _parse_nvrm(message: str) -> XidEvent | GpuUuidEvent | None:
-    match = _XID.search(message)
+def _parse_nvrm(text: str) -> XidEvent | GpuUuidEvent | FallenOffBusEvent | None:
+    match = _XID.match(text)
     if match:
         return _parse_xid(match)
-    uuid = _GPU_UUID.search(message)
+    uuid = _GPU_UUID.match(text)
     if uuid:
         return GpuUuidEvent(pci_bus_id=normalise_pci_bus_id(uuid.group("pci")), uuid=uuid.group("uuid"))
+    fell_off = _FELL_OFF_LINE.match(text)
+    if fell_off:
+        return FallenOffBusEvent(pci_bus_id=normalise_pci_bus_id(fell_off.group("pci")))
     return None
 
 
-def _parse_sxid(message: str) -> SxidEvent | None:
-    match = _SXID.search(message)
+def _parse_sxid(text: str) -> SxidEvent | None:
+    match = _SXID.match(text)
     if match is None:
         return None
+    detail = (match.group("rest") or "").strip()
+    if _SXID_CONTINUATION.match(detail):
+        return None  # part of the error whose header was counted
     return SxidEvent(
-        pci_bus_id=normalise_pci_bus_id(match.group("pci")),
-        sxid=int(match.group("sxid")),
-        detail=(match.group("rest") or "").strip(),
+        pci_bus_id=normalise_pci_bus_id(match.group("pci")), sxid=int(match.group("sxid")), detail=detail
     )
 
 
@@ -214,13 +257,29 @@ def _parse_neuron(message: str) -> NeuronHwErrorEvent | None:
     return NeuronHwErrorEvent(error=match.group("error"), neuron_device=device.group("nd") if device else "")
 
 
+_DRIVER_STARTS = ("NVRM: ", "nvidia-nvswitch", "SXid ")
+
+
+def driver_text(message: str) -> str:
+    """The message without what plain text may put before the driver's words (see the module doc)."""
+    if message.startswith(_DRIVER_STARTS):  # the common case, without a regex
+        return message
+    return message[_PLAIN_PREFIX.match(message).end() :]  # type: ignore[union-attr]  # always matches
+
+
+@functools.lru_cache(maxsize=4096)
 def parse_message(message: str) -> KmsgEvent | None:
-    """The event one message line reports, or None. Pure; never raises on any text."""
+    """The event one message line reports, or None. Pure (events are frozen, so results are cached: a
+    storm of one repeated line is parsed once); never raises on any text.
+
+    Xid, SXid and fallen-off-the-bus lines count only as the driver's own line, not where a longer
+    text quotes them (see the module doc).
+    """
     try:
         if "NVRM" in message:
-            return _parse_nvrm(message)
+            return _parse_nvrm(driver_text(message))
         if "SXid" in message:
-            return _parse_sxid(message)
+            return _parse_sxid(driver_text(message))
         if "NEURON_HW_ERR" in message:
             return _parse_neuron(message)
     except ValueError as exc:  # a PCI address out of range, e.g. device 0xff
@@ -239,18 +298,19 @@ class KmsgDecoder:
         event = parse_message(message)
         if event is not None or "NVRM" not in message:
             return event
-        first = _FELL_OFF_FIRST.search(message)
+        text = driver_text(message)
+        first = _FELL_OFF_FIRST.match(text)
         if first:
             try:
                 pci = normalise_pci_bus_id(first.group("pci"))
             except ValueError as exc:
                 logger.info("kmsg: ignoring a malformed line (%s): %.200r", exc, message)
                 pci = ""
-            if _FELL_OFF_LAST in message:
+            if _FELL_OFF_LAST in text:  # one record, its lines joined (/dev/kmsg escapes them as \x0a)
                 return FallenOffBusEvent(pci_bus_id=pci)
             self._pending_fell_off = pci
             return None
-        if _FELL_OFF_LAST in message:
+        if text.startswith("NVRM: ") and _FELL_OFF_LAST in text:
             pci, self._pending_fell_off = self._pending_fell_off or "", None
             return FallenOffBusEvent(pci_bus_id=pci)
         return None
@@ -283,6 +343,20 @@ XidKey = tuple[str, int, str, str]
 
 
 _K = TypeVar("_K")
+
+
+def _note_writer(fields: list[str] | None, what: str) -> None:
+    """Logs a first count that came from a record a process wrote (facility not 0): an injection."""
+    if fields is None or not fields[0].isdigit():
+        return
+    facility = int(fields[0]) >> 3
+    if facility != 0:
+        logger.info(
+            "kmsg: %s was written to the kernel log by a process (facility %d), not by the driver; "
+            "counted as a fault injection in the driver's format",
+            what,
+            facility,
+        )
 
 
 def _bump(counts: dict[_K, int], key: _K) -> None:
@@ -328,6 +402,8 @@ class KmsgTally:
         self._sxid: dict[tuple[str, int], int] = {}
         self._neuron: dict[tuple[str, str], int] = {}
         self._fell_off: dict[str, int] = {}
+        self._fallen: set[str] = set()
+        """GPUs whose fall-off was counted and that the driver has not named again since."""
         self._uuids: dict[str, str] = {}
 
     def add_lines(self, lines: Iterable[str]) -> None:
@@ -354,7 +430,7 @@ class KmsgTally:
                 continue  # a plain line can't be placed; it follows a record already counted
             records += 1
             if "NVRM" in message or "SXid" in message or "NEURON_HW_ERR" in message:
-                self._apply(self._decoder.feed(message))
+                self._apply(self._decoder.feed(message), fields)
         self.records += records
         self.missed += missed
         self._last_seq = last_seq
@@ -391,24 +467,34 @@ class KmsgTally:
             end = text.find("\n", start)
             line = text[start:] if end < 0 else text[start:end]
             if line[:1] != " ":
-                self._apply(self._decoder.feed(_split_prefix(line)[1]))
+                fields, message = _split_prefix(line)
+                self._apply(self._decoder.feed(message), fields)
 
     def add_missed(self, count: int) -> None:
         """Records lost without a sequence number to show it."""
         self.missed += count
 
-    def _apply(self, event: KmsgEvent | None) -> None:
+    def _apply(self, event: KmsgEvent | None, fields: list[str] | None) -> None:
+        """Counts one record's event; ``fields`` is the record's prefix (None for plain text)."""
         match event:
             case XidEvent(pci_bus_id=pci, xid=xid, gpu_instance=gi, compute_instance=ci):
-                _bump(self._xid, (pci, xid, "" if gi is None else str(gi), "" if ci is None else str(ci)))
+                key = (pci, xid, "" if gi is None else str(gi), "" if ci is None else str(ci))
+                if key not in self._xid:
+                    _note_writer(fields, f"Xid {xid} for {pci}")
+                _bump(self._xid, key)
             case SxidEvent(pci_bus_id=pci, sxid=sxid):
+                if (pci, sxid) not in self._sxid:
+                    _note_writer(fields, f"SXid {sxid} for {pci}")
                 _bump(self._sxid, (pci, sxid))
             case NeuronHwErrorEvent(neuron_device=device, error=error):
                 _bump(self._neuron, (device, error))
             case FallenOffBusEvent(pci_bus_id=pci):
-                _bump(self._fell_off, pci)
+                if pci not in self._fallen:  # later lines about the same fall-off add nothing
+                    self._fallen.add(pci)
+                    _bump(self._fell_off, pci)
             case GpuUuidEvent(pci_bus_id=pci, uuid=uuid):
                 self._uuids[pci] = uuid
+                self._fallen.discard(pci)  # the driver names it again: a new fall-off counts anew
             case None:
                 pass
 
@@ -422,6 +508,7 @@ class KmsgTally:
             "sxid": [[*key, count] for key, count in sorted(self._sxid.items())],
             "neuron_hw_errors": [[*key, count] for key, count in sorted(self._neuron.items())],
             "fallen_off_bus": dict(sorted(self._fell_off.items())),
+            "fallen_now": sorted(self._fallen),
             "gpu_uuids": dict(sorted(self._uuids.items())),
         }
 
@@ -453,6 +540,10 @@ class KmsgTally:
         tally._neuron = {(str(dev), str(err)): _whole(n) for dev, err, n in rows("neuron_hw_errors", 3)}
         tally._fell_off = {str(pci): _whole(n) for pci, n in table("fallen_off_bus").items()}
         tally._uuids = {str(pci): str(uuid) for pci, uuid in table("gpu_uuids").items()}
+        fallen = state.get("fallen_now", [])
+        if not isinstance(fallen, list):
+            raise ValueError("fallen_now: expected a list")
+        tally._fallen = {str(pci) for pci in fallen}
         return tally
 
     def snapshot(self, *, error: str | None = None) -> KmsgSnapshot:

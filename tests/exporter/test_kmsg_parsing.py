@@ -279,3 +279,81 @@ def test_the_fast_chunk_path_counts_exactly_like_the_line_by_line_path(
     by_chunk.add_text("\n".join(lines[:half]))
     by_chunk.add_text("\n".join(lines[half:]))
     assert by_chunk.snapshot() == by_line.snapshot()
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "somecheck[1234]: GPU 0 unhealthy: NVRM: Xid (PCI:0000:9d:00): 119, pid=1, name=x, Timeout",
+        "kernel[4242]: NVRM: Xid (PCI:0000:9d:00): 79, GPU has fallen off the bus.",
+        "host gpud[2211]: known sxid: nvidia-nvswitch1: SXid (PCI:0000:84:00.0): 12028, Non-fatal",
+        "watchdog: saw 'NVRM: GPU at 0000:01:00.0 has fallen off the bus.'",
+    ],
+)
+def test_a_line_that_quotes_the_driver_reports_nothing(message: str) -> None:
+    assert parse_message(message) is None
+    assert KmsgDecoder().feed(message) is None
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "NVRM: Xid (PCI:0000:9d:00): 79, GPU has fallen off the bus.",
+        "[ 4564.303884] NVRM: Xid (PCI:0000:9d:00): 79, GPU has fallen off the bus.",
+        "<4>[ 4564.303884] NVRM: Xid (PCI:0000:9d:00): 79, GPU has fallen off the bus.",
+        "Nov  5 22:36:51 gpu-node-1 kernel: [ 4564.303884] NVRM: Xid (PCI:0000:9d:00): 79, GPU has fallen",
+        "2026-09-14T20:30:27-0400 gpu-node-1 kernel: NVRM: Xid (PCI:0000:9d:00): 79, GPU has fallen off",
+    ],
+)
+def test_the_drivers_line_counts_bare_or_as_dmesg_and_syslog_print_it(message: str) -> None:
+    event = parse_message(message)
+    assert isinstance(event, XidEvent)
+    assert (event.pci_bus_id, event.xid) == ("0000:9d:00", 79)
+
+
+def test_a_record_says_whether_the_kernel_or_a_process_wrote_it() -> None:
+    assert parse_record("3,1,2,-;NVRM: Xid (PCI:0000:9d:00): 79, x").facility == 0
+    assert parse_record("12,1,2,-;NVRM: Xid (PCI:0000:9d:00): 79, x").facility == 1
+    assert parse_record("NVRM: Xid (PCI:0000:9d:00): 79, x").facility is None
+
+
+@pytest.mark.parametrize(
+    ("message", "pci"),
+    [
+        ("NVRM: GPU at 0000:01:00.0 has fallen off the bus.", "0000:01:00"),
+        ("NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.", "0000:91:00"),
+    ],
+)
+def test_the_single_fall_off_lines_of_older_and_current_drivers_name_their_gpu(
+    message: str, pci: str
+) -> None:
+    assert parse_message(message) == FallenOffBusEvent(pci_bus_id=pci)
+
+
+def test_the_sxid_records_after_an_errors_header_report_nothing() -> None:
+    prefix = "nvidia-nvswitch3: SXid (PCI:0000:08:00.0): 22013, "
+    assert parse_message(prefix + "Severity 0 Engine instance 60 Sub-engine instance 00") is None
+    assert parse_message(prefix + "Data {0x0000003c, 0x0000003c, 0x00000000}") is None
+    assert parse_message(prefix + "Non-fatal, Link 60 Minion Link DLREQ interrupt") == SxidEvent(
+        pci_bus_id="0000:08:00", sxid=22013, detail="Non-fatal, Link 60 Minion Link DLREQ interrupt"
+    )
+
+
+FELL_OFF = "4,{seq},{seq}000,-;NVRM: GPU at 0000:01:00.0 has fallen off the bus."
+NAMED = "6,{seq},{seq}000,-;NVRM: GPU at PCI:0000:01:00: GPU-435cb66f-d89f-a234-9414-70b032521666"
+
+
+def test_a_gpu_falls_off_again_only_after_the_driver_named_it_again() -> None:
+    tally = KmsgTally()
+    tally.add_lines([FELL_OFF.format(seq=0), FELL_OFF.format(seq=1), FELL_OFF.format(seq=2)])
+    assert dict(tally.snapshot().fallen_off_bus) == {"0000:01:00": 1}
+    tally.add_lines([NAMED.format(seq=3), FELL_OFF.format(seq=4), FELL_OFF.format(seq=5)])
+    assert dict(tally.snapshot().fallen_off_bus) == {"0000:01:00": 2}
+
+
+def test_a_restart_that_resumes_the_saved_state_does_not_count_the_same_fall_off_again() -> None:
+    tally = KmsgTally()
+    tally.add_lines([FELL_OFF.format(seq=0)])
+    resumed = KmsgTally.from_state(tally.to_state())
+    resumed.add_lines([FELL_OFF.format(seq=0), FELL_OFF.format(seq=1)])
+    assert dict(resumed.snapshot().fallen_off_bus) == {"0000:01:00": 1}
