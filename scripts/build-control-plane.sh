@@ -13,7 +13,9 @@
 set -euo pipefail
 
 VERSION=1.20.2
-CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/accel-health/kube/$VERSION"
+# Bumped whenever the build below changes, so that a cache of an older build is not reused.
+BUILD=2
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/accel-health/kube/$VERSION-$BUILD"
 
 if [ -n "${KUBEBUILDER_ASSETS:-}" ]; then
     for b in etcd kube-apiserver kube-controller-manager; do
@@ -58,6 +60,16 @@ echo "building kube-apiserver and kube-controller-manager $VERSION from Debian's
 apt-get source --download-only -qq kubernetes >/dev/null
 dpkg-source --no-check -x kubernetes_*.dsc src >/dev/null
 cd src
+# Go >= 1.18 changed reflect.mapiterinit; the vendored modern-go/reflect2 1.0.1 still calls the old
+# signature, and the API server then segfaults encoding maps (custom resources, managed fields).
+# This is reflect2 1.0.2's fix, applied to the vendored copy (Debian's Go is 1.19).
+R2=vendor/github.com/modern-go/reflect2
+perl -0pi -e 's/func mapiterinit\(rtype unsafe.Pointer, m unsafe.Pointer\) \*hiter/func mapiterinit(rtype unsafe.Pointer, m unsafe.Pointer, it *hiter)/' $R2/unsafe_link.go
+perl -0pi -e 's/type hiter struct \{.*?\n\}/type hiter struct {\n\tkey         unsafe.Pointer\n\tvalue       unsafe.Pointer\n\tt           unsafe.Pointer\n\th           unsafe.Pointer\n\tbuckets     unsafe.Pointer\n\tbptr        unsafe.Pointer\n\toverflow    *[]unsafe.Pointer\n\toldoverflow *[]unsafe.Pointer\n\tstartBucket uintptr\n\toffset      uint8\n\twrapped     bool\n\tB           uint8\n\ti           uint8\n\tbucket      uintptr\n\tcheckBucket uintptr\n}/s' $R2/unsafe_link.go
+perl -0pi -e 's/\treturn &UnsafeMapIterator\{\n\t\thiter:      mapiterinit\(type2.rtype, \*\(\*unsafe.Pointer\)\(obj\)\),/\tvar it hiter\n\tmapiterinit(type2.rtype, *(*unsafe.Pointer)(obj), &it)\n\treturn &UnsafeMapIterator{\n\t\thiter:      &it,/' $R2/unsafe_map.go
+grep -q 'mapiterinit(rtype unsafe.Pointer, m unsafe.Pointer, it \*hiter)' $R2/unsafe_link.go \
+    && grep -q 'hiter:      &it,' $R2/unsafe_map.go && grep -q checkBucket $R2/unsafe_link.go \
+    || { echo "patching $R2 for Go >= 1.18 failed" >&2; exit 1; }
 export GOPATH="$PWD/.go" CGO_ENABLED=0 GOCACHE="$WORK/gocache"
 mkdir -p .go/src/k8s.io
 ln -s ../../.. .go/src/k8s.io/kubernetes

@@ -34,6 +34,8 @@ from tests.kube.pki import Pki, write_pki
 from tests.kube.rest import ApiError, Obj, Rest
 
 VERSION = "1.20.2"
+BUILD = 2
+"""scripts/build-control-plane.sh's BUILD: the cache folder of another build is not used."""
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
 ADMIN_USER = "accel-health-test-admin"
 
@@ -44,7 +46,7 @@ class ControlPlaneUnavailable(Exception):
 
 def cache_dir() -> Path:
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "accel-health" / "kube" / VERSION
+    return base / "accel-health" / "kube" / f"{VERSION}-{BUILD}"
 
 
 def find_binaries() -> Path:

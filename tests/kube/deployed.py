@@ -21,7 +21,6 @@ import base64
 import json
 import secrets
 import shutil
-import subprocess
 import time
 import urllib.parse
 import urllib.request
@@ -31,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from tests.deploy import kube as deploy_kube
 from tests.kube.controlplane import ControlPlane, Process, free_port, spawn, start_control_plane, wait_for
 from tests.kube.kubelet import FakeKubelet, KubeletSettings, write_kmsg
 from tests.kube.network import Loop, ServiceProxy, SkewProxy
@@ -52,14 +52,7 @@ OPERATOR_KINDS = {
 
 def render(overlay: str) -> list[Obj]:
     """`kubectl kustomize deploy/overlays/<overlay>`, as objects."""
-    out = subprocess.run(
-        ["kubectl", "kustomize", str(REPO / "deploy" / "overlays" / overlay)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
-    return [doc for doc in yaml.safe_load_all(out) if doc]
+    return deploy_kube.render(REPO / "deploy" / "overlays" / overlay)
 
 
 def for_old_server(objects: list[Obj]) -> list[Obj]:
