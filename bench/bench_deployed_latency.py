@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -54,8 +55,86 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def _cordons(d: Deployment, written: dict[str, float], cordoned: dict[str, float]) -> None:
+    """Fill `cordoned` from the audit log: the remediator's successful patch of each faulty node."""
+    assert d.plane is not None
+    for e in d.plane.audit(user=SA_USER):
+        ref = e.get("objectRef") or {}
+        name = ref.get("name")
+        if (
+            ref.get("resource") == "nodes"
+            and not ref.get("subresource")
+            and e["verb"] == "patch"
+            and e["responseStatus"]["code"] == 200
+            and name in written
+            and name not in cordoned
+            and d.node(name)["spec"].get("unschedulable")
+        ):
+            cordoned[name] = _ts(e["stageTimestamp"])
+
+
+def _stages(d: Deployment, written: dict[str, float]) -> tuple[dict[str, float], ...]:
+    """(scraped, firing, webhook) time per node, from Prometheus and the leader's decision records."""
+    leader = d.leader()
+    records = d.remediator_get(leader, "/actions") if leader else []
+    if isinstance(records, dict):
+        records = records.get("actions", [])
+    webhook: dict[str, float] = {}
+    for r in records:
+        if r.get("node") in written and r["node"] not in webhook and r.get("time"):
+            webhook[r["node"]] = _ts(str(r["time"]))
+    firing: dict[str, float] = {}
+    scraped: dict[str, float] = {}
+    alerts = [a for a in d.firing() if a.get("alertname") == "AccelGPUFatalXid"]
+    for node in written:
+        mine = [a for a in alerts if a.get("node") == node]
+        if mine:
+            firing[node] = min(_ts(a["activeAt"]) for a in mine)
+        q = d.query(f'min_over_time(timestamp(accel_gpu_xid_errors_total{{node="{node}",xid="79"}})[10m:1s])')
+        if q:
+            scraped[node] = float(q[0]["value"][1])
+    return scraped, firing, webhook
+
+
+def _prometheus_own(d: Deployment) -> dict[str, float]:
+    """Prometheus's own metrics (it does not scrape itself in the shipped configuration), summed by name."""
+    totals: dict[str, float] = {}
+    with urllib.request.urlopen(f"http://127.0.0.1:{d.prometheus_port}/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line and not line.startswith("#"):
+                name = line.split("{", 1)[0].split(" ", 1)[0]
+                totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def _report(
+    nodes: list[str],
+    written: dict[str, float],
+    cordoned: dict[str, float],
+    stages: tuple[dict[str, float], ...],
+) -> list[str]:
+    scraped, firing, webhook = stages
+    done = [n for n in nodes if n in cordoned and n in written]
+    series: dict[str, list[float]] = {
+        "line -> scraped": [scraped[n] - written[n] for n in done if n in scraped],
+        "scraped -> firing": [firing[n] - scraped[n] for n in done if n in scraped and n in firing],
+        "firing -> webhook": [webhook[n] - firing[n] for n in done if n in firing and n in webhook],
+        "webhook -> cordoned": [cordoned[n] - webhook[n] for n in done if n in webhook],
+        "line -> cordoned (total)": [cordoned[n] - written[n] for n in done],
+    }
+    missing = sorted(set(nodes) - set(done))
+    print(
+        f"{len(done)} of {len(nodes)} faults reached a cordon" + (f"; missing {missing}" if missing else "")
+    )
+    print(f"{'stage':28} {'p50':>7} {'p95':>7} {'max':>7}   (seconds)")
+    for stage, values in series.items():
+        if values:
+            print(f"{stage:28} {statistics.median(values):7.2f} {_pct(values, 0.95):7.2f} {max(values):7.2f}")
+    return missing
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--faults", type=int, default=22)
     parser.add_argument("--window", type=float, default=180.0, help="seconds over which faults are spread")
     parser.add_argument("--seed", type=int, default=1)
@@ -80,7 +159,7 @@ def main() -> int:
             print(f"harness up in {time.monotonic() - t_start:.1f} s ({args.faults} GPU nodes, 2 CPU nodes)")
             written: dict[str, float] = {}
             moments = sorted((rng.uniform(0, args.window), node) for node in nodes)
-            t0 = time.time()
+            own0, t0 = _prometheus_own(d), time.time()
 
             def writer() -> None:
                 for at, node in moments:
@@ -93,87 +172,28 @@ def main() -> int:
             cordoned: dict[str, float] = {}
             deadline = time.time() + args.window + 90
             while time.time() < deadline and len(cordoned) < len(nodes):
-                for e in d.plane.audit(user=SA_USER) if d.plane else []:
-                    ref = e.get("objectRef") or {}
-                    if (
-                        ref.get("resource") == "nodes"
-                        and not ref.get("subresource")
-                        and e["verb"] == "patch"
-                        and e["responseStatus"]["code"] == 200
-                        and ref.get("name") in written
-                        and ref["name"] not in cordoned
-                        and d.node(ref["name"])["spec"].get("unschedulable")
-                    ):
-                        cordoned[ref["name"]] = _ts(e["stageTimestamp"])
+                _cordons(d, written, cordoned)
                 time.sleep(0.5)
             thread.join()
-            leader = d.leader()
-            records = d.remediator_get(leader, "/actions") if leader else []
-            if isinstance(records, dict):
-                records = records.get("actions", [])
-            webhook = {}
-            for r in records:
-                if r.get("node") in written and r["node"] not in webhook and r.get("time"):
-                    webhook[r["node"]] = _ts(str(r["time"]))
-            firing, scraped = {}, {}
-            for node in written:
-                alerts = [
-                    a
-                    for a in d.firing()
-                    if a.get("node") == node and a.get("alertname") == "AccelGPUFatalXid"
-                ]
-                if alerts:
-                    firing[node] = _ts(alerts[0]["activeAt"])
-                q = d.query(
-                    f'min_over_time(timestamp(accel_gpu_xid_errors_total{{node="{node}",xid="79"}})[10m:1s])'
-                )
-                if q:
-                    scraped[node] = float(q[0]["value"][1])
-            cost = _prometheus_cost(d)
-    done = [n for n in nodes if n in cordoned and n in written]
-    missing = sorted(set(nodes) - set(done))
-    stages: dict[str, list[float]] = {
-        "line -> scraped": [],
-        "scraped -> firing": [],
-        "firing -> webhook": [],
-        "webhook -> cordoned": [],
-        "line -> cordoned (total)": [],
-    }
-    for n in done:
-        stages["line -> cordoned (total)"].append(cordoned[n] - written[n])
-        if n in scraped:
-            stages["line -> scraped"].append(scraped[n] - written[n])
-        if n in scraped and n in firing:
-            stages["scraped -> firing"].append(firing[n] - scraped[n])
-        if n in firing and n in webhook:
-            stages["firing -> webhook"].append(webhook[n] - firing[n])
-        if n in webhook:
-            stages["webhook -> cordoned"].append(cordoned[n] - webhook[n])
-    print(
-        f"{len(done)} of {len(nodes)} faults reached a cordon" + (f"; missing {missing}" if missing else "")
-    )
-    print(f"{'stage':28} {'p50':>7} {'p95':>7} {'max':>7}   (seconds)")
-    for stage, values in stages.items():
-        if values:
-            print(f"{stage:28} {statistics.median(values):7.2f} {_pct(values, 0.95):7.2f} {max(values):7.2f}")
+            stages = _stages(d, written)
+            cost = _prometheus_cost(d, own0, time.time() - t0)
+    missing = _report(nodes, written, cordoned, stages)
     print("Prometheus: " + json.dumps(cost))
     return 0 if not missing else 1
 
 
-def _prometheus_cost(d: Deployment) -> dict[str, Any]:
-    def one(q: str) -> float:
-        r = d.query(q)
-        return round(float(r[0]["value"][1]), 4) if r else float("nan")
-
+def _prometheus_cost(d: Deployment, before: dict[str, float], seconds: float) -> dict[str, Any]:
+    own = _prometheus_own(d)
+    samples = d.query('avg(scrape_samples_scraped{job="accel-health-exporter"})')
     return {
-        "rule_eval_seconds_per_cycle": one("sum(prometheus_rule_group_last_duration_seconds)"),
-        "samples_per_exporter_scrape": one('avg(scrape_samples_scraped{job="accel-health-exporter"})'),
-        "scrapes_per_second": one("sum(rate(prometheus_target_interval_length_seconds_count[2m]))"),
-        "cpu_cores": one(
-            'rate(process_cpu_seconds_total{job=""}[2m]) or '
-            "sum(rate(prometheus_engine_query_duration_seconds_sum[2m]))"
+        "cpu_cores": round(
+            (own["process_cpu_seconds_total"] - before["process_cpu_seconds_total"]) / seconds, 4
         ),
-        "head_series": one("prometheus_tsdb_head_series"),
+        "rule_eval_seconds_per_cycle": round(own.get("prometheus_rule_group_last_duration_seconds", 0.0), 4),
+        "rule_groups": int(own.get("prometheus_rule_group_rules", 0)),
+        "head_series": int(own.get("prometheus_tsdb_head_series", 0)),
+        "resident_memory_mib": round(own.get("process_resident_memory_bytes", 0.0) / 2**20, 1),
+        "samples_per_exporter_scrape": round(float(samples[0]["value"][1]), 1) if samples else None,
     }
 
 

@@ -31,7 +31,15 @@ from typing import Any
 import yaml
 
 from tests.deploy import kube as deploy_kube
-from tests.kube.controlplane import ControlPlane, Process, free_port, spawn, start_control_plane, wait_for
+from tests.kube.controlplane import (
+    ControlPlane,
+    Process,
+    apply_objects,
+    free_port,
+    spawn,
+    start_control_plane,
+    wait_for,
+)
 from tests.kube.kubelet import FakeKubelet, KubeletSettings, write_kmsg
 from tests.kube.network import Loop, ServiceProxy, SkewProxy
 from tests.kube.podnet import PodNetwork
@@ -41,6 +49,7 @@ REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "accel-health"
 REMEDIATOR = "accel-health-remediator"
 EXPORTER = "accel-health-exporter"
+WORK_NS = "training"
 GPU_NODE_FIXTURE = REPO / "examples" / "nodes" / "gpu-node-1"
 OPERATOR_KINDS = {
     "ServiceMonitor": "servicemonitors",
@@ -392,6 +401,68 @@ class Deployment:
             p.read_text(errors="replace")
             for p in sorted(self.workdir.glob(f"pod-{NAMESPACE}-{REMEDIATOR}-*.log"))
         )
+
+
+def add_training(d: Deployment, *, replicas: int, mirror_pods_on: tuple[str, ...] = ()) -> None:
+    """A training Deployment on the GPU nodes under a PDB (one pod down at a time), and mirror pods
+    (what the kubelet makes of static pods) on the named nodes; returns once every trainer is Ready."""
+    labels = {"app": "trainer"}
+    apply_objects(
+        d.admin,
+        [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": WORK_NS}},
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "trainer", "namespace": WORK_NS},
+                "spec": {
+                    "replicas": replicas,
+                    "selector": {"matchLabels": labels},
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {
+                            "nodeSelector": {"nvidia.com/gpu.present": "true"},
+                            "containers": [{"name": "train", "image": "trainer:1"}],
+                        },
+                    },
+                },
+            },
+            {
+                "apiVersion": "policy/v1beta1",
+                "kind": "PodDisruptionBudget",
+                "metadata": {"name": "trainer", "namespace": WORK_NS},
+                "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels}},
+            },
+        ],
+    )
+    for node in mirror_pods_on:
+        # What the kubelet makes of a static pod: a mirror pod the API cannot evict.
+        d.admin.create(
+            "/api/v1/namespaces/kube-system/pods",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"node-local-dns-{node}",
+                    "namespace": "kube-system",
+                    "annotations": {
+                        "kubernetes.io/config.mirror": "static",
+                        "kubernetes.io/config.source": "file",
+                    },
+                },
+                "spec": {"nodeName": node, "containers": [{"name": "dns", "image": "dns:1"}]},
+            },
+        )
+    wait_for(
+        f"{replicas} trainers ready",
+        lambda: sum(is_ready(p) for p in d.pods(WORK_NS)) == replicas,
+        timeout=60,
+    )
+
+
+def is_ready(pod: Obj) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
 def _merge(into: dict[str, Any], override: dict[str, Any]) -> None:

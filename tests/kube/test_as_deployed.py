@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from tests.kube.conftest import deployed_skip_reason
-from tests.kube.controlplane import apply_objects, wait_for
-from tests.kube.deployed import NAMESPACE, REMEDIATOR, Deployment
+from tests.kube.controlplane import wait_for
+from tests.kube.deployed import NAMESPACE, REMEDIATOR, WORK_NS, Deployment, add_training
 from tests.kube.kubelet import KubeletSettings
 from tests.kube.rest import Obj
 
@@ -28,7 +28,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 SA_USER = f"system:serviceaccount:{NAMESPACE}:{REMEDIATOR}"
 XID_79 = "NVRM: Xid (PCI:0000:9d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
-WORK_NS = "training"
 
 
 @pytest.fixture(scope="module")
@@ -41,64 +40,9 @@ def cluster(workdir: Path) -> Iterator[Deployment]:
     with Deployment(
         workdir=workdir, overlay="enforce", gpu_nodes=3, kubelet_settings=KubeletSettings(start_delay=2.0)
     ) as deployment:
-        _workloads(deployment)
+        add_training(deployment, replicas=6, mirror_pods_on=("gpu-node-1", "gpu-node-2"))
         deployment.wait_ready()
         yield deployment
-
-
-def _workloads(d: Deployment) -> None:
-    labels = {"app": "trainer"}
-    apply_objects(
-        d.admin,
-        [
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": WORK_NS}},
-            {
-                "apiVersion": "apps/v1",
-                "kind": "Deployment",
-                "metadata": {"name": "trainer", "namespace": WORK_NS},
-                "spec": {
-                    "replicas": 6,
-                    "selector": {"matchLabels": labels},
-                    "template": {
-                        "metadata": {"labels": labels},
-                        "spec": {
-                            "nodeSelector": {"nvidia.com/gpu.present": "true"},
-                            "containers": [{"name": "train", "image": "trainer:1"}],
-                        },
-                    },
-                },
-            },
-            {
-                "apiVersion": "policy/v1beta1",
-                "kind": "PodDisruptionBudget",
-                "metadata": {"name": "trainer", "namespace": WORK_NS},
-                "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels}},
-            },
-        ],
-    )
-    for node in ("gpu-node-1", "gpu-node-2"):
-        # What the kubelet makes of a static pod: a mirror pod the API cannot evict.
-        d.admin.create(
-            "/api/v1/namespaces/kube-system/pods",
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": f"node-local-dns-{node}",
-                    "namespace": "kube-system",
-                    "annotations": {
-                        "kubernetes.io/config.mirror": "static",
-                        "kubernetes.io/config.source": "file",
-                    },
-                },
-                "spec": {"nodeName": node, "containers": [{"name": "dns", "image": "dns:1"}]},
-            },
-        )
-    wait_for(
-        "6 trainers ready",
-        lambda: sum(_ready(p) for p in d.pods(WORK_NS)) == 6,
-        timeout=60,
-    )
 
 
 def _audit(d: Deployment) -> list[Obj]:
