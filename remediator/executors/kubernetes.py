@@ -818,9 +818,8 @@ class KubernetesCluster:
             await self._annotate(
                 node, "record drain result", {DRAIN_STATUS: status, DRAIN_BLOCKED: blocked or None}
             )
-        if not outcome.completed:
-            reason = "DrainTimedOut" if outcome.timed_out else "DrainRefused"
-            await self.record_event(node=node, reason=reason, message=outcome.summary(), type_="Warning")
+        # The node's Event (AccelDrainFinished / AccelDrainBlocked) is the engine's, as the policy's
+        # `events` setting says.
         logger.info("%s: %s", node, outcome.summary())
 
 

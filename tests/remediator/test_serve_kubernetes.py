@@ -210,6 +210,7 @@ async def test_started_as_the_enforce_deployment_starts_it_it_finds_in_cluster_c
                 await proc.communicate()
         lease = api.stored("leases", "accel-health-remediator", "accel-health")
         requests = list(api)
+        reasons = {obj["reason"] for (plural, _, _), obj in api.store.items() if plural == "events"}
     log = err.decode()
     assert proc.returncode == 0, log
     assert "Kubernetes credentials: in-cluster service account" in log
@@ -219,4 +220,5 @@ async def test_started_as_the_enforce_deployment_starts_it_it_finds_in_cluster_c
     assert obj is not None
     assert obj["spec"]["unschedulable"] is True
     assert [c["type"] for c in obj["status"]["conditions"]] == ["Ready", "AcceleratorHealthy"]
+    assert {"AccelFaultDetected", "AccelCordoned", "AccelDrainStarted", "AccelDrainFinished"} <= reasons
     assert all(r.headers.get("Authorization", "").lower() == "bearer service-account-token" for r in requests)
