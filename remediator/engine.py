@@ -214,6 +214,8 @@ class GateStatus:
     """Gate -> deferred actions waiting now."""
     drains: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Node -> the drain running now in the background (since, deadline, alerts)."""
+    api_unavailable: Mapping[str, int] = field(default_factory=dict)
+    """Optional Kubernetes API -> how often the backend found it not served (404)."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -234,6 +236,7 @@ class GateStatus:
             "rate_limits": dict(self.rate_limits),
             "deferred": dict(self.deferred),
             "drains": {k: dict(v) for k, v in self.drains.items()},
+            "api_unavailable": dict(self.api_unavailable),
         }
 
 
@@ -435,6 +438,8 @@ class Engine:
             rate_limits=st.rate.usage(),
             deferred=deferred,
             drains={name: running.as_json() for name, running in self._drains.items()},
+            # Only the Kubernetes executor has optional APIs; the Cluster seam does not require it.
+            api_unavailable=dict(getattr(self._cluster, "api_unavailable", {})),
         )
 
     # -- deliveries --------------------------------------------------------------------------

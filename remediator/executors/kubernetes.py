@@ -111,6 +111,9 @@ class ClientConfig:
     """Which source it was read from, in words."""
 
 
+PDB_API = "policy/v1 poddisruptionbudgets"
+"""The optional API a drain reads (planning only; evictions enforce the budgets themselves)."""
+
 STATE_KEY = "state.json"
 """The state ConfigMap's data key holding the gate-state document."""
 
@@ -229,6 +232,8 @@ class KubernetesCluster:
         self._should_act = should_act
         self._clock = clock
         self._events: dict[tuple[str, str, str, str], tuple[str, int, float]] = {}
+        self.api_unavailable: dict[str, int] = {}
+        """Optional API -> how often it answered 404 (not served by this API server); a metric."""
 
     # -- connecting ----------------------------------------------------------------------------
 
@@ -427,18 +432,33 @@ class KubernetesCluster:
         return dict((obj or {}).get("metadata", {}).get("annotations") or {})
 
     async def _list_all(self, what: str, method: Callable[..., Awaitable[Any]], **kwargs: Any) -> list[Any]:
+        try:
+            return await self._call_list(what, method, **kwargs)
+        except ApiError as exc:
+            raise BackendUnavailable(f"Kubernetes API: {what}: {exc}") from exc
+
+    async def _call_list(self, what: str, method: Callable[..., Awaitable[Any]], **kwargs: Any) -> list[Any]:
+        """Every page of a list; ApiError as `_call` raises it."""
         items: list[Any] = []
         token: str | None = None
         while True:
             extra: dict[str, Any] = {"_continue": token} if token else {}
-            try:
-                page = await self._call(what, method, limit=500, **kwargs, **extra)
-            except ApiError as exc:
-                raise BackendUnavailable(f"Kubernetes API: {what}: {exc}") from exc
+            page = await self._call(what, method, limit=500, **kwargs, **extra)
             items.extend(page.get("items") or [])
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return items
+
+    def _api_missing(self, api: str, exc: ApiError) -> None:
+        """An optional API this server does not serve: logged the first time, counted every time."""
+        if api not in self.api_unavailable:
+            logger.warning(
+                "the API server does not serve %s (%s); going on without it "
+                "(counted in accel_remediator_api_unavailable_total)",
+                api,
+                exc,
+            )
+        self.api_unavailable[api] = self.api_unavailable.get(api, 0) + 1
 
     async def _pod_objects(self, node: str) -> list[dict[str, Any]]:
         return await self._list_all(
@@ -461,10 +481,24 @@ class KubernetesCluster:
             raise BackendUnavailable(f"a pod on {node} has an unexpected shape: {exc}") from exc
 
     async def list_pdbs(self) -> list[PodDisruptionBudget]:
-        objs = await self._list_all(
-            "list PodDisruptionBudgets",
-            self._policy.list_pod_disruption_budget_for_all_namespaces_without_preload_content,
-        )
+        """Every PodDisruptionBudget; none when the API server does not serve policy/v1 (before 1.21).
+
+        Without the list a drain is still safe: every eviction goes through the Eviction API, and the
+        API server enforces the budgets there (429 while a budget allows no disruption), so a pod a
+        budget protects is only planned as `evict` instead of `waits on a PodDisruptionBudget`, and
+        then waits for the same 429s. The missing API is logged once and counted
+        (accel_remediator_api_unavailable_total), never a 503 forever.
+        """
+        try:
+            objs = await self._call_list(
+                "list PodDisruptionBudgets",
+                self._policy.list_pod_disruption_budget_for_all_namespaces_without_preload_content,
+            )
+        except ApiError as exc:
+            if exc.status != 404:
+                raise BackendUnavailable(f"Kubernetes API: list PodDisruptionBudgets: {exc}") from exc
+            self._api_missing(PDB_API, exc)
+            return []
         try:
             return [pdb_from_object(o) for o in objs]
         except ObjectFormatError as exc:
