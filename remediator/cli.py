@@ -20,6 +20,7 @@ from remediator import leader
 from remediator.app import MAX_BODY_BYTES, create_app
 from remediator.cluster import Aws, Cluster
 from remediator.engine import AlertPlan, Engine, EngineSettings
+from remediator.executors import kubernetes as executors_kubernetes
 from remediator.executors.aws import AwsExecutor, AwsSettings
 from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster, SnapshotError
@@ -27,8 +28,10 @@ from remediator.payload import PayloadError, parse_body
 from remediator.policy import Policy, PolicyError, load_policy
 
 DEFAULT_LISTEN = "0.0.0.0:9836"
-SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 EXIT_USAGE = 2
+DEFAULT_LEASE_SECONDS = 15
+MIN_LEASE_SECONDS = 3
+"""The library's timing checks need renew deadline (2/3 of it) > 1.2 x retry period (at least 1 s)."""
 logger = logging.getLogger("remediator")
 
 
@@ -41,6 +44,17 @@ def _listen(value: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or int(port) > 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _lease_seconds(value: str) -> int:
+    """--lease-duration: whole seconds, as Lease.spec.leaseDurationSeconds is."""
+    try:
+        seconds = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of seconds, got {value!r}") from None
+    if seconds < MIN_LEASE_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_LEASE_SECONDS} seconds, got {seconds}")
+    return seconds
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -87,9 +101,14 @@ def _serve_parser() -> argparse.ArgumentParser:
     kube = parser.add_argument_group("Kubernetes (used unless --cluster-snapshot is given)")
     where = kube.add_mutually_exclusive_group()
     where.add_argument(
-        "--kubeconfig", type=Path, help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)"
+        "--kubeconfig",
+        type=Path,
+        help="kubeconfig file (default, as client-go: $KUBECONFIG, else the pod's service account when "
+        "run in a pod, else ~/.kube/config)",
     )
-    where.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
+    where.add_argument(
+        "--in-cluster", action="store_true", help="use the pod's service account and nothing else"
+    )
     kube.add_argument("--context", help="kubeconfig context (default: the current one)")
     kube.add_argument(
         "--no-leader-election",
@@ -104,9 +123,10 @@ def _serve_parser() -> argparse.ArgumentParser:
     kube.add_argument("--lease-name", default="accel-health-remediator", help="leader Lease name")
     kube.add_argument(
         "--lease-duration",
-        type=float,
-        default=15.0,
-        help="seconds before a dead leader is replaced (default 15)",
+        type=_lease_seconds,
+        default=DEFAULT_LEASE_SECONDS,
+        help=f"whole seconds before a dead leader is replaced, at least {MIN_LEASE_SECONDS} "
+        f"(default {DEFAULT_LEASE_SECONDS}; renewals every 2/15 of it, at least 1 s)",
     )
     aws = parser.add_argument_group("AWS (without --aws, AWS actions are only recorded)")
     aws.add_argument("--aws", action="store_true", help="call Auto Scaling and CloudWatch for AWS actions")
@@ -192,7 +212,8 @@ def _lease_namespace(args: argparse.Namespace) -> str:
     if os.environ.get("POD_NAMESPACE"):
         return os.environ["POD_NAMESPACE"]
     try:
-        return SERVICE_ACCOUNT_NAMESPACE.read_text(encoding="utf-8").strip() or "default"
+        namespace_file = executors_kubernetes.SERVICE_ACCOUNT_DIR / "namespace"
+        return namespace_file.read_text(encoding="utf-8").strip() or "default"
     except OSError:
         return "default"
 
@@ -228,23 +249,20 @@ async def _kubernetes_app(
 ) -> web.Application:
     """The service over the Kubernetes executor (and leader election), built inside the event loop."""
     try:
-        cfg = await KubernetesCluster.configuration(
+        found = await KubernetesCluster.configuration(
             kubeconfig=args.kubeconfig, context=args.context, in_cluster=args.in_cluster
         )
     except ValueError as exc:
         raise UsageError(f"{exc} (pass --kubeconfig, --in-cluster, or --cluster-snapshot FILE)") from exc
+    cfg = found.configuration
+    logger.info("Kubernetes credentials: %s", found.source)
     api = k8s.ApiClient(cfg)
     elector: leader.LeaderElector | None = None
     if args.leader_election:
-        duration = max(3, args.lease_duration)
         elector = leader.LeaderElector(
             api=api,
-            settings=leader.LeaderSettings(
-                namespace=_lease_namespace(args),
-                lease_name=args.lease_name,
-                lease_duration_seconds=duration,
-                renew_deadline_seconds=duration * 2 / 3,
-                retry_period_seconds=max(1.0, duration * 2 / 15),
+            settings=leader.LeaderSettings.from_lease_duration(
+                args.lease_duration, namespace=_lease_namespace(args), lease_name=args.lease_name
             ),
         )
     active = elector

@@ -100,6 +100,53 @@ class _Result:
     reason: str
     gate: str | None = None
     details: Mapping[str, Any] = field(default_factory=dict)
+    done: str = ""  # what was (or, in dry-run, would have been) done, in the words of a live run
+
+
+@dataclass(frozen=True)
+class NodeEvent:
+    """A core/v1 Event about a node (written unless dry-run; listed in the decision record)."""
+
+    type: str
+    """Normal or Warning."""
+    reason: str
+    """CamelCase, e.g. AccelCordoned."""
+    message: str
+    """What happened, in words."""
+
+    def as_json(self) -> dict[str, str]:
+        return {"type": self.type, "reason": self.reason, "message": self.message}
+
+
+_DONE_REASONS = {
+    "condition": "AccelConditionSet",
+    "cordon": "AccelCordoned",
+    "taint": "AccelTainted",
+    "drain": "AccelDrainFinished",
+    "aws_set_unhealthy": "AccelInstanceMarkedUnhealthy",
+    "uncordon": "AccelUncordoned",
+    "untaint": "AccelUntainted",
+}
+"""Event reason of each node action done (cloudwatch_metric changes no node; `event` is one)."""
+_HOLD_EVERYTHING = frozenset({"pause", "breaker"})
+FAILURE_REASONS = frozenset({"AccelDrainBlocked", "AccelActionFailed"})
+"""The Events `events: failures` keeps."""
+
+
+def action_event(action: str, outcome: Outcome, text: str, *, alertname: str) -> NodeEvent | None:
+    """The Event that tells of one decided node action, or None (skipped, deferred, not a node action)."""
+    if action not in _DONE_REASONS:
+        return None
+    suffix = f" (alert {alertname})"
+    if outcome == "failed":
+        if action == "drain":
+            return NodeEvent("Warning", "AccelDrainBlocked", text + suffix)
+        return NodeEvent("Warning", "AccelActionFailed", f"{action} failed: {text}{suffix}")
+    if outcome == "started" or (action == "drain" and outcome == "planned"):
+        return NodeEvent("Normal", "AccelDrainStarted", "drain started: " + text + suffix)
+    if outcome in ("done", "planned"):
+        return NodeEvent("Normal", _DONE_REASONS[action], text + suffix)
+    return None
 
 
 @dataclass(frozen=True)
@@ -167,6 +214,8 @@ class GateStatus:
     """Gate -> deferred actions waiting now."""
     drains: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Node -> the drain running now in the background (since, deadline, alerts)."""
+    api_unavailable: Mapping[str, int] = field(default_factory=dict)
+    """Optional Kubernetes API -> how often the backend found it not served (404)."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -187,6 +236,7 @@ class GateStatus:
             "rate_limits": dict(self.rate_limits),
             "deferred": dict(self.deferred),
             "drains": {k: dict(v) for k, v in self.drains.items()},
+            "api_unavailable": dict(self.api_unavailable),
         }
 
 
@@ -388,6 +438,8 @@ class Engine:
             rate_limits=st.rate.usage(),
             deferred=deferred,
             drains={name: running.as_json() for name, running in self._drains.items()},
+            # Only the Kubernetes executor has optional APIs; the Cluster seam does not require it.
+            api_unavailable=dict(getattr(self._cluster, "api_unavailable", {})),
         )
 
     # -- deliveries --------------------------------------------------------------------------
@@ -582,6 +634,7 @@ class Engine:
                     "the actions after it are decided when it ends"
                 )
                 break
+            seen = await self._announce(ctx, self._fault_seen(ctx))
             result = await self._decide_guarded(ctx, action)
             if result.gate:
                 notes.append(f"{action.type}: gate {result.gate}: {result.reason}")
@@ -589,6 +642,10 @@ class Engine:
                 ctx.incomplete = ctx.incomplete or action.type
             if action.type == "drain" and result.outcome == "failed":  # planned refusal (dry-run), error
                 ctx.refused = ctx.refused or f"the drain failed ({result.reason})"
+            events = seen + await self._announce(ctx, self._action_event(ctx, action.type, result))
+            details = (
+                {**result.details, "events": [e.as_json() for e in events]} if events else result.details
+            )
             fields: dict[str, Any] = {
                 "node": node_name,
                 "action": action.type,
@@ -597,7 +654,7 @@ class Engine:
                 "outcome": result.outcome,
                 "reason": result.reason,
                 "gate": result.gate,
-                "details": result.details,
+                "details": details,
             }
             if result.outcome == "deferred":
                 rec = self._defer(key, alert, fields)
@@ -615,6 +672,65 @@ class Engine:
             self._dirty = self._dirty or not dry_run
             records.append(self._record(alert, **fields))
         return records
+
+    def _fault_seen(self, ctx: _Context) -> NodeEvent | None:
+        """The Event that says the fault was seen: once per firing alert, with its first decision
+        (`events: all` only; none on a protected or missing node, or while paused or in a storm)."""
+        alert = ctx.alert
+        if self.policy.events != "all" or alert.status != "firing" or ctx.node is None or ctx.protected:
+            return None
+        seen = (alert.fingerprint, alert.starts_at, alert.status, "fault-seen", ctx.dry_run)
+        if seen in self.state.decided or self._gate_verdict(ctx) is not None:
+            return None
+        self.state.decided.add(seen, persist=not ctx.dry_run)
+        self._dirty = self._dirty or not ctx.dry_run
+        alertname = alert.labels.get("alertname", "AcceleratorFault")
+        summary = alert.annotations.get("summary") or alert.annotations.get("description") or ""
+        message = f"{alertname} firing" + (f": {summary}" if summary else "") + f" (rule {ctx.rule.name})"
+        return NodeEvent("Warning", "AccelFaultDetected", message)
+
+    def _action_event(self, ctx: _Context, action: str, result: _Result) -> NodeEvent | None:
+        """The Event of a decided node action, as the policy's `events` setting wants it."""
+        if ctx.node is None or ctx.protected or result.gate in _HOLD_EVERYTHING:
+            return None
+        alertname = ctx.alert.labels.get("alertname", "AcceleratorFault")
+        event = action_event(action, result.outcome, result.done or result.reason, alertname=alertname)
+        return event if event is not None and self._wanted(event) else None
+
+    async def _announce(self, ctx: _Context, event: NodeEvent | None) -> list[NodeEvent]:
+        """Write `event` on the context's node (not in dry-run); the events for the decision record."""
+        if event is None:
+            return []
+        if not ctx.dry_run:
+            await self._write_events(ctx.node_name, [event])
+        return [event]
+
+    def _wanted(self, event: NodeEvent) -> bool:
+        mode = self.policy.events
+        return mode == "all" or (mode == "failures" and event.reason in FAILURE_REASONS)
+
+    async def _drain_end_events(
+        self, node: str, waiter: _Waiter, outcome: Outcome, reason: str
+    ) -> list[NodeEvent]:
+        """Write the Event of a drain's end (finished, or blocked and by what); the ones written."""
+        alert = waiter.resolved or waiter.alert
+        event = action_event(
+            "drain", outcome, reason, alertname=alert.labels.get("alertname", "AcceleratorFault")
+        )
+        if event is None or not self._wanted(event):
+            return []
+        await self._write_events(node, [event])
+        return [event]
+
+    async def _write_events(self, node: str, events: list[NodeEvent]) -> None:
+        """Write Events; one that cannot be written is logged, never undoes or fails the action."""
+        for event in events:
+            try:
+                await self._cluster.record_event(
+                    node=node, reason=event.reason, message=event.message, type_=event.type
+                )
+            except BackendUnavailable as exc:
+                logger.warning("%s: Event %s not written: %s", node, event.reason, exc)
 
     async def _decide_guarded(self, ctx: _Context, action: Action) -> _Result:
         """`_decide`, with the errors that retrying will not fix recorded as failed."""
@@ -779,8 +895,8 @@ class Engine:
         self, ctx: _Context, text: str, *, would: str, details: Mapping[str, Any] | None = None
     ) -> _Result:
         if ctx.dry_run:
-            return _Result("planned", would, details=details or {})
-        return _Result("done", text, details=details or {})
+            return _Result("planned", would, details=details or {}, done=text)
+        return _Result("done", text, details=details or {}, done=text)
 
     async def _cordon(self, ctx: _Context, node: Node) -> _Result:
         if node.unschedulable:
@@ -990,33 +1106,12 @@ class Engine:
         final: bool,
     ) -> None:
         """Record how the drain ended for one alert, then decide that alert's later actions."""
-        refused: str | None = None
-        details: dict[str, Any] = {}
-        if outcome is None:
-            result: Outcome = "failed"
-            if final:
-                reason = error
-                refused = f"the drain failed ({error})"
-            else:
-                reason = (
-                    f"drain interrupted: {error}; the next delivery of the alert starts it again and it "
-                    "resumes with its original deadline"
-                )
-        else:
-            details = _outcome_details(outcome)
-            reason = outcome.summary() + (" (resumed a drain started earlier)" if outcome.resumed else "")
-            if outcome.completed:
-                result = "done"
-            elif outcome.timed_out:
-                result = "failed"
-                reason += "; the deadline passed: the drain ended, so the actions after it run"
-            else:
-                result = "failed"
-                reason += "; pods need a permission the policy does not give"
-                refused = "the drain was refused (pods need a permission the policy does not give)"
+        result, reason, refused, details = _drain_end(outcome, error, final=final)
         if final:
             self.state.decided.add(waiter.key)
             self._dirty = True
+            if events := await self._drain_end_events(running.node, waiter, result, reason):
+                details = {**details, "events": [e.as_json() for e in events]}
         self._record(
             waiter.resolved or waiter.alert,
             node=running.node,
@@ -1151,6 +1246,39 @@ class Engine:
         return self._done(
             ctx, f"put metric {text}", would=f"would put metric {text}", details={"dimensions": dims}
         )
+
+
+def _drain_end(
+    outcome: DrainOutcome | None, error: str, *, final: bool
+) -> tuple[Outcome, str, str | None, dict[str, Any]]:
+    """(outcome, reason, why later disruptive actions are refused, details) of a drain's end."""
+    if outcome is None:
+        if final:
+            return "failed", error, f"the drain failed ({error})", {}
+        return (
+            "failed",
+            f"drain interrupted: {error}; the next delivery of the alert starts it again and it "
+            "resumes with its original deadline",
+            None,
+            {},
+        )
+    details = _outcome_details(outcome)
+    reason = outcome.summary() + (" (resumed a drain started earlier)" if outcome.resumed else "")
+    if outcome.completed:
+        return "done", reason, None, details
+    if outcome.timed_out:
+        return (
+            "failed",
+            reason + "; the deadline passed: the drain ended, so the actions after it run",
+            None,
+            details,
+        )
+    return (
+        "failed",
+        reason + "; pods need a permission the policy does not give",
+        "the drain was refused (pods need a permission the policy does not give)",
+        details,
+    )
 
 
 def _outcome_details(outcome: DrainOutcome) -> dict[str, Any]:

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import logging
 import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -50,11 +52,56 @@ class LeaderSettings:
     """This replica's holderIdentity: host (pod) name plus a random suffix, unique per process."""
     lease_duration_seconds: int = 15
     """How long followers wait after the last renewal before taking over (failover time); whole
-    seconds, as Lease.spec.leaseDurationSeconds is."""
+    seconds, as Lease.spec.leaseDurationSeconds is (the library writes it as `int(str(value))`, so a
+    float such as 15.0 would end the election)."""
     renew_deadline_seconds: float = 10.0
     """How long the leader keeps trying to renew before it steps down; below lease_duration."""
     retry_period_seconds: float = 2.0
     """Pause between attempts to acquire or renew (at least 1 s, the library's minimum)."""
+    request_timeout_seconds: float | None = None
+    """Limit on each of the election's API requests; None: half the renew deadline, at least 1 s
+    (client-go's choice), so a hung request cannot stretch a renewal past the deadline."""
+
+    def __post_init__(self) -> None:
+        duration = self.lease_duration_seconds
+        if isinstance(duration, bool) or not isinstance(duration, int) or duration < 1:
+            raise ValueError(
+                f"lease_duration_seconds must be a whole number of seconds >= 1, got {duration!r}"
+            )
+        electionconfig.Config(  # the library's own checks of the timings, at construction time
+            lock=_NO_LOCK,
+            lease_duration=duration,
+            renew_deadline=self.renew_deadline_seconds,
+            retry_period=self.retry_period_seconds,
+            onstarted_leading=_nothing,
+            onstopped_leading=_nothing,
+        )
+
+    @classmethod
+    def from_lease_duration(cls, seconds: int, *, namespace: str, lease_name: str) -> LeaderSettings:
+        """client-go's proportions for a lease of `seconds`: renew deadline 2/3 of it, retry period
+        2/15 (at least 1 s); 15 s gives client-go's 15 s / 10 s / 2 s."""
+        return cls(
+            namespace=namespace,
+            lease_name=lease_name,
+            lease_duration_seconds=seconds,
+            renew_deadline_seconds=seconds * 2 / 3,
+            retry_period_seconds=max(1.0, seconds * 2 / 15),
+        )
+
+    @property
+    def request_timeout(self) -> float:
+        """The limit on each election request, in seconds."""
+        if self.request_timeout_seconds is not None:
+            return self.request_timeout_seconds
+        return max(1.0, self.renew_deadline_seconds / 2)
+
+
+async def _nothing() -> None:
+    return None
+
+
+_NO_LOCK: Any = object()  # stands in for a lock where only the timings are checked
 
 
 class LeaderElector:
@@ -104,7 +151,7 @@ class LeaderElector:
         """Campaign forever: lead while the Lease is renewed, then go back to following."""
         s = self.settings
         while True:
-            lock = _LeaseLock(s.lease_name, s.namespace, s.identity, self.api)
+            lock = _LeaseLock(s.lease_name, s.namespace, s.identity, self.api, timeout=s.request_timeout)
             config = electionconfig.Config(
                 lock=lock,
                 lease_duration=s.lease_duration_seconds,
@@ -114,7 +161,7 @@ class LeaderElector:
                 onstopped_leading=self._stopped,
             )
             try:
-                await leaderelection.LeaderElection(config).run()
+                await _LeaderElection(config).run()
             except (aiohttp.ClientError, TimeoutError, k8s.ApiException) as exc:
                 # The library handles API errors answered by the server; a dropped connection
                 # escapes it. Either way this replica must not act until it holds the Lease again.
@@ -150,19 +197,110 @@ class LeaderElector:
             logger.warning("could not release the leader Lease: %s", exc)
 
 
+class _LeaderElection(leaderelection.LeaderElection):
+    """The library's election with the renewal bounded as client-go bounds it: each round of renew
+    attempts (and every request in it) ends within `renew_deadline`, after which the leader steps
+    down. The library checks its deadline only between attempts, so one hung request kept a leader
+    acting for as long as the client's timeout (300 s), long after a follower took the Lease over.
+    A transport error or a timed-out request is a failed attempt, retried within the deadline."""
+
+    async def renew_loop(self) -> None:
+        retry = self.election_config.retry_period
+        try:
+            while True:
+                async with asyncio.timeout(self.election_config.renew_deadline):
+                    while True:
+                        if await self._attempt():
+                            break
+                        await asyncio.sleep(retry)
+                await asyncio.sleep(retry)
+        except TimeoutError:
+            logger.warning(
+                "could not renew the leader Lease within %ss; stepping down",
+                self.election_config.renew_deadline,
+            )
+
+    async def _attempt(self) -> bool:
+        try:
+            return await self.try_acquire_or_renew()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            if isinstance(exc, TimeoutError) and asyncio.current_task().cancelling():  # type: ignore[union-attr]  # always in a task
+                raise  # the round's own deadline, not the request's
+            logger.info("renewing the leader Lease failed: %s", exc or type(exc).__name__)
+            return False
+
+
 class _LeaseLock(LeaseLock):
-    """The library's LeaseLock with `create` fixed: kubernetes 37.0.1 passes `pretty=True`, which its
-    own pydantic-validated client rejects (pretty must be a string), so the Lease could never be
-    created. Otherwise identical."""
+    """The library's LeaseLock with every request limited to `timeout` seconds, and two fixes:
+
+    - `create`: kubernetes 37.0.1 passes `pretty=True`, which its own pydantic-validated client
+      rejects (pretty must be a string), so the Lease could never be created;
+    - times: the library makes acquire/renew times with `str(datetime.fromtimestamp(...))`, local
+      time, and wrote them with a `Z` as if they were UTC (renewTime hours off wherever TZ is not
+      UTC); and `str(datetime)` drops the fraction when the microseconds are 0, which its parser
+      then refused (once in a million renewals the renewTime did not move). Here the records hold
+      local time throughout and the Lease gets UTC.
+    """
+
+    def __init__(
+        self, name: str, namespace: str, identity: str, api: k8s.ApiClient, *, timeout: float
+    ) -> None:
+        super().__init__(name, namespace, identity, api)
+        self.timeout = timeout
+
+    async def get(
+        self, name: str, namespace: str
+    ) -> tuple[bool, LeaderElectionRecord] | tuple[bool, Exception] | tuple[bool, None]:
+        try:
+            lease = await self.api_instance.read_namespaced_lease(
+                name, namespace, _request_timeout=self.timeout
+            )
+        except k8s.ApiException as exc:
+            return False, exc
+        self.lease_reference = lease
+        return True, self.election_record(lease)
 
     async def create(self, name: str, namespace: str, election_record: LeaderElectionRecord) -> bool:
         body = k8s.V1Lease(metadata=k8s.V1ObjectMeta(name=name), spec=self.update_lease(election_record))
         try:
-            await self.api_instance.create_namespaced_lease(namespace, body)
+            await self.api_instance.create_namespaced_lease(namespace, body, _request_timeout=self.timeout)
         except k8s.ApiException as exc:
             logger.info("could not create the Lease %s/%s: %s", namespace, name, exc.reason)
             return False
         return True
+
+    async def update(self, name: str, namespace: str, updated_record: LeaderElectionRecord) -> bool:
+        if self.lease_reference is None:
+            return False
+        self.lease_reference.spec = self.update_lease(updated_record, self.lease_reference.spec)
+        try:
+            await self.api_instance.replace_namespaced_lease(
+                name=name, namespace=namespace, body=self.lease_reference, _request_timeout=self.timeout
+            )
+        except k8s.ApiException as exc:
+            logger.info("could not update the Lease %s/%s: %s", namespace, name, exc.reason)
+            return False
+        return True
+
+    def election_record(self, lease: k8s.V1Lease) -> LeaderElectionRecord:
+        """The record of a Lease read back, its times in local time like the ones the library makes."""
+        record: LeaderElectionRecord = super().election_record(lease)
+        spec = lease.spec
+        for attr in ("acquire_time", "renew_time"):
+            value = getattr(spec, attr, None) if spec is not None else None
+            if isinstance(value, datetime.datetime):
+                local = value.astimezone() if value.tzinfo is not None else value
+                setattr(record, attr, str(local.replace(tzinfo=None)))
+        return record
+
+    def time_str_to_iso(self, str_time: str) -> str | None:
+        """A record's time (naive local time, as `str(datetime.fromtimestamp(...))` gives) in UTC."""
+        for fmt in ("%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%d %H:%M:%S"):
+            with contextlib.suppress(ValueError, TypeError):
+                when = datetime.datetime.strptime(str_time, fmt).astimezone(datetime.UTC)
+                return when.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+        logger.error("could not read the election time %r", str_time)
+        return None
 
 
 ELECTOR = web.AppKey("leader_elector", LeaderElector)

@@ -69,6 +69,15 @@ class _GateCollector(Collector):
         for gate in sorted({*DEFERRING_GATES, *st.deferred}):
             deferred.add_metric([gate], st.deferred.get(gate, 0))
         yield deferred
+        missing = CounterMetricFamily(
+            "accel_remediator_api_unavailable",
+            "Requests to an optional Kubernetes API the API server does not serve (404), by API; the "
+            "remediator goes on without it (e.g. a drain plans without the PodDisruptionBudget list).",
+            labels=["api"],
+        )
+        for api, count in sorted(st.api_unavailable.items()):
+            missing.add_metric([api], count)
+        yield missing
         yield GaugeMetricFamily(
             "accel_remediator_drains_in_progress",
             "Drains running now in the background; each alert's later actions are decided when its ends.",

@@ -1,6 +1,7 @@
 """Remediation policy: which alert gets which node actions (pure; YAML in, frozen objects out).
 
     safety: {max_disrupted_nodes: 2}
+    events: all                  # Events on the node for every action (or: failures, none)
     rules:                       # ordered; the first rule whose matchers all match wins
       - name: drain
         match: ['remediation="drain"', 'severity=~"critical|warning"']
@@ -24,13 +25,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import yaml
 
 from remediator.safety import RateLimit, SafetySettings, StormSettings
 
 DEFAULT_POLICY_NAME = "default_policy.yaml"
+EventsMode = Literal["all", "failures", "none"]
+EVENTS_MODES: tuple[EventsMode, ...] = ("all", "failures", "none")
 
 
 class PolicyError(ValueError):
@@ -245,6 +248,10 @@ class Policy:
     """Ordered rules."""
     safety: SafetySettings = field(default_factory=SafetySettings)
     """Safety limits."""
+    events: EventsMode = "all"
+    """Which node actions leave a core/v1 Event on the node: `all` (every action done, and the
+    fault seen), `failures` (only actions that failed: a drain blocked, timed out or refused, an
+    action that erred) or `none`. The `event` action writes its Event whatever this says."""
     source: str = "<string>"
     """Where it was loaded from."""
 
@@ -553,9 +560,12 @@ def parse_policy(text: str, *, source: str = "<string>") -> Policy:
         raise PolicyError(source, [f"expected a mapping with `rules:` at the top, got {type(doc).__name__}"])
     problems: list[str] = []
     for key in doc:
-        if key not in ("rules", "safety"):
-            problems.append(f"{key}: unknown top-level field (known: rules, safety)")
+        if key not in ("rules", "safety", "events"):
+            problems.append(f"{key}: unknown top-level field (known: rules, safety, events)")
     safety = _parse_safety(doc.get("safety"), problems)
+    events = doc.get("events", "all")
+    if events not in EVENTS_MODES:
+        problems.append(f"events: expected one of {', '.join(EVENTS_MODES)}, got {events!r}")
     raw_rules = doc.get("rules")
     if not isinstance(raw_rules, list):
         problems.append(f"rules: expected a list of rules, got {type(raw_rules).__name__}")
@@ -568,4 +578,4 @@ def parse_policy(text: str, *, source: str = "<string>") -> Policy:
             rules.append(rule)
     if problems:
         raise PolicyError(source, problems)
-    return Policy(rules=tuple(rules), safety=safety, source=source)
+    return Policy(rules=tuple(rules), safety=safety, events=events, source=source)

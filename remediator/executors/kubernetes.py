@@ -27,6 +27,7 @@ import contextlib
 import datetime
 import json
 import logging
+import os
 import random
 import socket
 import time
@@ -38,6 +39,7 @@ from typing import Any
 import aiohttp
 from kubernetes.aio import client as k8s
 from kubernetes.aio import config as k8s_config
+from kubernetes.aio.config import incluster_config as k8s_incluster
 
 from remediator.cluster import (
     BackendUnavailable,
@@ -95,6 +97,23 @@ class ApiError(Exception):
         self.message = message
 
 
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+"""Where Kubernetes mounts a pod's service-account token, CA certificate and namespace."""
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """A Kubernetes client configuration and where it came from (logged at start-up)."""
+
+    configuration: k8s.Configuration
+    """The client configuration."""
+    source: str
+    """Which source it was read from, in words."""
+
+
+PDB_API = "policy/v1 poddisruptionbudgets"
+"""The optional API a drain reads (planning only; evictions enforce the budgets themselves)."""
+
 STATE_KEY = "state.json"
 """The state ConfigMap's data key holding the gate-state document."""
 
@@ -121,6 +140,34 @@ class KubernetesSettings:
     """Namespace of the gate-state ConfigMap (the remediator's own)."""
     state_configmap: str = "accel-health-remediator-state"
     """Name of the ConfigMap holding the gate state (budget, breaker, idempotency keys, pause)."""
+
+
+def _pick_kubeconfig(kubeconfig: Path | None, env: Mapping[str, str], sa_dir: Path) -> tuple[str | None, str]:
+    """(kubeconfig path, source in words), or (None, ...) for the service account; client-go's order.
+
+    Raises ValueError naming everything tried when nothing is there.
+    """
+    if kubeconfig is not None:
+        return str(kubeconfig), f"--kubeconfig {kubeconfig}"
+    tried = ["--kubeconfig (not given)"]
+    paths = [p for p in env.get("KUBECONFIG", "").split(os.pathsep) if p]
+    existing = [p for p in paths if Path(p).expanduser().exists()]
+    if existing:
+        joined = os.pathsep.join(existing)
+        return joined, f"$KUBECONFIG ({joined})"
+    tried.append(f"$KUBECONFIG ({'no file at ' + os.pathsep.join(paths) if paths else 'not set'})")
+    host, port = env.get("KUBERNETES_SERVICE_HOST", ""), env.get("KUBERNETES_SERVICE_PORT", "")
+    if host and port and (sa_dir / "token").is_file():
+        return None, "in-cluster service account"
+    if host and port:
+        tried.append(f"in-cluster service account (no token at {sa_dir / 'token'})")
+    else:
+        tried.append("in-cluster service account (KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT not set)")
+    home = Path(env.get("HOME") or Path.home()) / ".kube" / "config"
+    if home.exists():
+        return str(home), str(home)
+    tried.append(f"{home} (no such file)")
+    raise ValueError("cannot load Kubernetes client configuration; tried " + "; ".join(tried))
 
 
 def _rfc3339(ts: float) -> str:
@@ -185,6 +232,8 @@ class KubernetesCluster:
         self._should_act = should_act
         self._clock = clock
         self._events: dict[tuple[str, str, str, str], tuple[str, int, float]] = {}
+        self.api_unavailable: dict[str, int] = {}
+        """Optional API -> how often it answered 404 (not served by this API server); a metric."""
 
     # -- connecting ----------------------------------------------------------------------------
 
@@ -194,25 +243,50 @@ class KubernetesCluster:
         kubeconfig: Path | None = None,
         context: str | None = None,
         in_cluster: bool = False,
-    ) -> k8s.Configuration:
-        """Client configuration from the service account (in-cluster) or a kubeconfig file.
+        environ: Mapping[str, str] | None = None,
+        service_account_dir: Path | None = None,
+    ) -> ClientConfig:
+        """Client configuration, found the way client-go and controller-runtime find it.
 
-        The asyncio client allows 100 connections in flight, well above a drain's concurrency.
+        `in_cluster` uses the pod's service account and nothing else. Otherwise the first of: the
+        `kubeconfig` file; the files in $KUBECONFIG (separated by ':'); the pod's service account
+        (when KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are set and its token exists);
+        ~/.kube/config. Raises ValueError naming everything tried. The asyncio client allows 100
+        connections in flight, well above a drain's concurrency.
         """
-        cfg = k8s.Configuration()
-        try:
-            if in_cluster:
-                k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]  # untyped upstream
-            else:
+        env = os.environ if environ is None else environ
+        sa_dir = SERVICE_ACCOUNT_DIR if service_account_dir is None else service_account_dir
+
+        async def from_kubeconfig(path: str, source: str) -> ClientConfig:
+            cfg = k8s.Configuration()
+            try:
                 await k8s_config.load_kube_config(  # type: ignore[no-untyped-call]  # untyped upstream
-                    config_file=str(kubeconfig) if kubeconfig else None,
-                    context=context,
-                    client_configuration=cfg,
-                    persist_config=False,
+                    config_file=path, context=context, client_configuration=cfg, persist_config=False
                 )
-        except (k8s_config.ConfigException, OSError) as exc:
-            raise ValueError(f"cannot load Kubernetes client configuration: {exc}") from exc
-        return cfg
+            except (k8s_config.ConfigException, OSError, ValueError, TypeError, AttributeError) as exc:
+                # A malformed file makes the loader raise anything from ConfigException to TypeError.
+                raise ValueError(f"cannot load Kubernetes client configuration from {source}: {exc}") from exc
+            return ClientConfig(cfg, source)
+
+        def from_service_account() -> ClientConfig:
+            cfg = k8s.Configuration()
+            loader = k8s_incluster.InClusterConfigLoader(  # type: ignore[no-untyped-call]  # untyped upstream
+                token_filename=str(sa_dir / "token"), cert_filename=str(sa_dir / "ca.crt"), environ=env
+            )
+            try:
+                loader.load_and_set(cfg)  # type: ignore[no-untyped-call]  # untyped upstream
+            except (k8s_config.ConfigException, OSError) as exc:
+                raise ValueError(
+                    f"cannot load Kubernetes client configuration from the service account in {sa_dir}: {exc}"
+                ) from exc
+            return ClientConfig(cfg, f"in-cluster service account ({sa_dir}, API {cfg.host})")
+
+        if in_cluster:
+            return from_service_account()
+        path, source = _pick_kubeconfig(kubeconfig, env, sa_dir)
+        if path is None:
+            return from_service_account()
+        return await from_kubeconfig(path, source)
 
     async def close(self) -> None:
         """Close the HTTP connection pool."""
@@ -358,18 +432,33 @@ class KubernetesCluster:
         return dict((obj or {}).get("metadata", {}).get("annotations") or {})
 
     async def _list_all(self, what: str, method: Callable[..., Awaitable[Any]], **kwargs: Any) -> list[Any]:
+        try:
+            return await self._call_list(what, method, **kwargs)
+        except ApiError as exc:
+            raise BackendUnavailable(f"Kubernetes API: {what}: {exc}") from exc
+
+    async def _call_list(self, what: str, method: Callable[..., Awaitable[Any]], **kwargs: Any) -> list[Any]:
+        """Every page of a list; ApiError as `_call` raises it."""
         items: list[Any] = []
         token: str | None = None
         while True:
             extra: dict[str, Any] = {"_continue": token} if token else {}
-            try:
-                page = await self._call(what, method, limit=500, **kwargs, **extra)
-            except ApiError as exc:
-                raise BackendUnavailable(f"Kubernetes API: {what}: {exc}") from exc
+            page = await self._call(what, method, limit=500, **kwargs, **extra)
             items.extend(page.get("items") or [])
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return items
+
+    def _api_missing(self, api: str, exc: ApiError) -> None:
+        """An optional API this server does not serve: logged the first time, counted every time."""
+        if api not in self.api_unavailable:
+            logger.warning(
+                "the API server does not serve %s (%s); going on without it "
+                "(counted in accel_remediator_api_unavailable_total)",
+                api,
+                exc,
+            )
+        self.api_unavailable[api] = self.api_unavailable.get(api, 0) + 1
 
     async def _pod_objects(self, node: str) -> list[dict[str, Any]]:
         return await self._list_all(
@@ -392,10 +481,24 @@ class KubernetesCluster:
             raise BackendUnavailable(f"a pod on {node} has an unexpected shape: {exc}") from exc
 
     async def list_pdbs(self) -> list[PodDisruptionBudget]:
-        objs = await self._list_all(
-            "list PodDisruptionBudgets",
-            self._policy.list_pod_disruption_budget_for_all_namespaces_without_preload_content,
-        )
+        """Every PodDisruptionBudget; none when the API server does not serve policy/v1 (before 1.21).
+
+        Without the list a drain is still safe: every eviction goes through the Eviction API, and the
+        API server enforces the budgets there (429 while a budget allows no disruption), so a pod a
+        budget protects is only planned as `evict` instead of `waits on a PodDisruptionBudget`, and
+        then waits for the same 429s. The missing API is logged once and counted
+        (accel_remediator_api_unavailable_total), never a 503 forever.
+        """
+        try:
+            objs = await self._call_list(
+                "list PodDisruptionBudgets",
+                self._policy.list_pod_disruption_budget_for_all_namespaces_without_preload_content,
+            )
+        except ApiError as exc:
+            if exc.status != 404:
+                raise BackendUnavailable(f"Kubernetes API: list PodDisruptionBudgets: {exc}") from exc
+            self._api_missing(PDB_API, exc)
+            return []
         try:
             return [pdb_from_object(o) for o in objs]
         except ObjectFormatError as exc:
@@ -749,9 +852,8 @@ class KubernetesCluster:
             await self._annotate(
                 node, "record drain result", {DRAIN_STATUS: status, DRAIN_BLOCKED: blocked or None}
             )
-        if not outcome.completed:
-            reason = "DrainTimedOut" if outcome.timed_out else "DrainRefused"
-            await self.record_event(node=node, reason=reason, message=outcome.summary(), type_="Warning")
+        # The node's Event (AccelDrainFinished / AccelDrainBlocked) is the engine's, as the policy's
+        # `events` setting says.
         logger.info("%s: %s", node, outcome.summary())
 
 

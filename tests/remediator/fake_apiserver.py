@@ -25,11 +25,13 @@ import asyncio
 import copy
 import datetime
 import itertools
+import ssl
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+import aiohttp.test_utils
 import aiohttp.web
 import attrs
 import kmock
@@ -385,10 +387,22 @@ def _selects(pdb: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in match.items())
 
 
+def _tls_server(context: ssl.SSLContext) -> type[aiohttp.test_utils.RawTestServer]:
+    class TlsServer(aiohttp.test_utils.RawTestServer):
+        async def __aenter__(self) -> TlsServer:
+            await self.start_server(ssl=context)
+            return self
+
+    return TlsServer
+
+
 @asynccontextmanager
-async def serve(**options: Any) -> AsyncIterator[tuple[FakeApiServer, str]]:
-    """A running FakeApiServer on 127.0.0.1 and its base URL."""
-    async with FakeApiServer(**options) as api, kmock.Server(api) as server:
+async def serve(
+    *, tls: ssl.SSLContext | None = None, **options: Any
+) -> AsyncIterator[tuple[FakeApiServer, str]]:
+    """A running FakeApiServer on 127.0.0.1 and its base URL (https:// with `tls`, as a pod sees it)."""
+    extra: dict[str, Any] = {"server_cls": _tls_server(tls)} if tls is not None else {}
+    async with FakeApiServer(**options) as api, kmock.Server(api, **extra) as server:
         try:
             yield api, str(server.url).rstrip("/")
         finally:

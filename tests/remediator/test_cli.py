@@ -63,10 +63,24 @@ def test_serve_without_a_snapshot_needs_a_kubernetes_configuration(
 ) -> None:
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
     monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     assert main(["serve", "--insecure-no-auth", "--listen=127.0.0.1:0"]) == 2
     err = capsys.readouterr().err
-    assert "cannot load Kubernetes client configuration" in err
+    assert "cannot load Kubernetes client configuration; tried --kubeconfig (not given); $KUBECONFIG" in err
     assert "--cluster-snapshot" in err
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("15.0", "expected a whole number of seconds, got '15.0'"), ("2", "must be at least 3 seconds")],
+)
+def test_a_lease_duration_that_is_not_whole_seconds_of_at_least_3_is_refused(
+    value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--insecure-no-auth", f"--lease-duration={value}"])
+    assert exited.value.code == 2
+    assert f"--lease-duration: {message}" in capsys.readouterr().err
 
 
 def test_an_invalid_policy_stops_start_up_with_its_problems(

@@ -132,7 +132,12 @@ rules:
         ("n2", "cordon", "planned", None),
         ("n3", "cordon", "done", None),
     ]
-    assert cluster.mutations == ["cordon n3"]
+    # The dry-run rule writes no Event either; the real cordon tells of the fault and of itself.
+    assert cluster.mutations == [
+        "event n3 Warning AccelFaultDetected",
+        "cordon n3",
+        "event n3 Normal AccelCordoned",
+    ]
 
 
 # -- restart -----------------------------------------------------------------------------------
@@ -147,7 +152,8 @@ async def test_budget_idempotency_and_ownership_survive_a_restart_over_the_same_
     )
     first = engine_over(cluster, policy, clock=clock)
     await first.handle(webhook(alert("n1")))
-    assert cluster.mutations == ["cordon n1"]
+    n1 = ["event n1 Warning AccelFaultDetected", "cordon n1", "event n1 Normal AccelCordoned"]
+    assert cluster.mutations == n1
     assert cluster.gate_state_saves == 1
 
     clock.now += 60
@@ -157,7 +163,8 @@ async def test_budget_idempotency_and_ownership_survive_a_restart_over_the_same_
     for _ in range(50):
         await second.handle(webhook(alert("n1")))  # Alertmanager resends after the restart
     await second.handle(webhook(alert("n2")))
-    assert cluster.mutations == ["cordon n1"]
+    # Nothing twice, not even the Event saying the fault was seen; n2's fault is seen, its cordon waits.
+    assert cluster.mutations == [*n1, "event n2 Warning AccelFaultDetected"]
     assert outcomes(second) == [("n2", "cordon", "deferred", "budget")]
     assert "n1 for 60s" in second.log.records()[0].reason
 

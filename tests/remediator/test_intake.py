@@ -188,7 +188,13 @@ async def test_uncordon_on_resolve_only_touches_nodes_this_service_cordoned(
     resolved = payload("gpu-fatal-xid")
     resolved["alerts"][0]["status"] = "resolved"
     await client.post("/alerts", json=resolved, headers=AUTH)
-    assert service.cluster.mutations == ["cordon gpu-node-1", "uncordon gpu-node-1"]
+    assert service.cluster.mutations == [
+        "event gpu-node-1 Warning AccelFaultDetected",
+        "cordon gpu-node-1",
+        "event gpu-node-1 Normal AccelCordoned",
+        "uncordon gpu-node-1",
+        "event gpu-node-1 Normal AccelUncordoned",
+    ]
     assert service.engine.budget.in_use == 0
 
 

@@ -326,9 +326,7 @@ async def test_a_drain_that_cannot_finish_names_each_blocking_pod_and_why(
     annotations = node_obj(api)["metadata"]["annotations"]
     assert annotations[DRAIN_STATUS] == "timed-out"
     assert annotations[DRAIN_BLOCKED] == "training/guarded"
-    [event] = [obj for (plural, _, _), obj in api.store.items() if plural == "events"]
-    assert event["reason"] == "DrainTimedOut"
-    assert "training/guarded" in event["message"]
+    assert not [obj for (plural, _, _), obj in api.store.items() if plural == "events"]  # the engine's
 
 
 async def test_pods_that_need_permission_refuse_the_whole_drain_before_any_eviction(

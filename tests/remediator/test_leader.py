@@ -4,18 +4,23 @@ Two electors campaign for one Lease with short timings (lease 3 s, renew 2 s, re
 leads; when it dies the other takes over well within 15 s; a graceful stop hands the Lease over at
 once; only the leader's /readyz is 200 and a follower answers /alerts with 503; and a leader that
 dies mid-drain leaves a drain the new leader resumes with the same deadline, evicting nothing twice.
+The command line's own default timing (a 15 s lease) leads too, a leader whose renewal hangs steps
+down within its renew deadline, and the Lease's times are UTC whatever the local time zone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import datetime
 import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 from kubernetes.aio import client as k8s
 
+from remediator import cli
 from remediator.app import create_app
 from remediator.cluster import DrainSettings
 from remediator.engine import Engine, EngineSettings
@@ -192,3 +197,65 @@ async def test_a_leader_dying_mid_drain_leaves_a_drain_the_new_leader_resumes() 
     assert api.stored("nodes", "gpu-1")["metadata"]["annotations"][DRAIN_DEADLINE] == deadline  # type: ignore[index]  # exists
     accepted = [name for _, name, status in api.evictions if status == 201]
     assert sorted(accepted) == ["db-0", "w-0", "w-1", "w-2"]  # each exactly once
+
+
+def default_elector(url: str, identity: str) -> LeaderElector:
+    """An elector with the settings `accel-health-remediator serve` uses when given no flag."""
+    args = cli._serve_parser().parse_args(["--insecure-no-auth"])
+    settings = LeaderSettings.from_lease_duration(
+        args.lease_duration, namespace="accel-health", lease_name=args.lease_name
+    )
+    return LeaderElector(
+        api=k8s.ApiClient(k8s.Configuration(host=url)),
+        settings=dataclasses.replace(settings, identity=identity),
+    )
+
+
+async def test_the_command_lines_default_lease_timing_leads_and_writes_a_15_second_lease() -> None:
+    async with serve() as (api, url):
+        a = default_elector(url, "a")
+        assert a.settings.lease_duration_seconds == 15
+        async with campaigning(a):
+            await wait_until(lambda: a.is_leader, limit=5)
+            lease = api.stored("leases", "accel-health-remediator", "accel-health")
+    assert lease is not None
+    assert lease["spec"]["holderIdentity"] == "a"
+    assert lease["spec"]["leaseDurationSeconds"] == 15
+
+
+def test_a_lease_duration_that_is_not_whole_seconds_is_refused_at_once() -> None:
+    with pytest.raises(ValueError, match="whole number of seconds"):
+        LeaderSettings(lease_duration_seconds=15.0)  # type: ignore[arg-type]  # the mistake under test
+    with pytest.raises(ValueError, match="greater than renew_deadline"):
+        LeaderSettings(lease_duration_seconds=10, renew_deadline_seconds=10)
+
+
+async def test_a_leader_whose_renewal_hangs_steps_down_within_its_renew_deadline() -> None:
+    async with serve() as (api, url):
+        a = elector(url, "a")  # lease 3 s, renew deadline 2 s: requests limited to 1 s
+        async with campaigning(a):
+            await wait_until(lambda: a.is_leader, limit=5)
+            api["put", api.resource("coordination.k8s.io/v1/leases")] << (lambda: asyncio.sleep(60))
+            stepped_down = await wait_until(lambda: not a.is_leader, limit=10)
+    # Within retry period + renew deadline (+ a request's timeout of slack), below the lease
+    # duration that a follower waits from the last renewal: never two leaders acting at once.
+    assert stepped_down < 1 + 2 + 0.5
+
+
+async def test_the_lease_times_are_utc_whatever_the_local_time_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TZ", "XYZ+05:00")  # five hours behind UTC, POSIX rule, needs no tz database
+    time.tzset()
+    try:
+        async with serve() as (api, url):
+            a = elector(url, "a")
+            async with campaigning(a):
+                await wait_until(lambda: a.is_leader, limit=5)
+                await asyncio.sleep(1.5)  # renewed at least once, from a Lease read back
+                lease = api.stored("leases", "remediator", "accel-health")
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    assert lease is not None
+    for field in ("acquireTime", "renewTime"):
+        written = datetime.datetime.fromisoformat(lease["spec"][field].replace("Z", "+00:00"))
+        assert abs(written.timestamp() - time.time()) < 10, (field, lease["spec"][field])
