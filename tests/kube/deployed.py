@@ -18,9 +18,12 @@ What the harness changes, and only for the 1.20 server or for running outside a 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import re
 import secrets
 import shutil
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -43,7 +46,7 @@ from tests.kube.controlplane import (
 from tests.kube.kubelet import FakeKubelet, KubeletSettings, write_kmsg
 from tests.kube.network import Loop, ServiceProxy, SkewProxy
 from tests.kube.podnet import PodNetwork
-from tests.kube.rest import Obj, Rest
+from tests.kube.rest import ApiError, Obj, Rest
 
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "accel-health"
@@ -119,6 +122,95 @@ def is_project_pod(pod: Obj) -> bool:
 
 
 @dataclass
+class PodDiscovery:
+    """Prometheus's `kubernetes_sd_configs` with `role: pod`, played through file_sd: one target per
+    container port of every pod with an IP, labelled as Prometheus's own discovery labels it."""
+
+    rest: Rest
+    folder: Path
+    _configs: dict[Path, Obj] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def watch(self, name: str, sd: Obj) -> Path:
+        if sd.get("role") != "pod":
+            raise ValueError(f"only role: pod is played by the harness, not {sd.get('role')}")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"{name}.json"
+        path.write_text("[]")
+        self._configs[path] = sd
+        return path
+
+    def start(self) -> None:
+        self.sync()
+        self._thread = threading.Thread(target=self._loop, name="pod-discovery", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.5):
+            with contextlib.suppress(OSError, ApiError):
+                self.sync()
+
+    def sync(self) -> None:
+        pods = self.rest.items("/api/v1/pods")
+        for path, sd in self._configs.items():
+            names = (sd.get("namespaces") or {}).get("names")
+            groups = [
+                group
+                for pod in pods
+                if not names or pod["metadata"]["namespace"] in names
+                for group in _pod_targets(pod)
+            ]
+            text = json.dumps(groups, sort_keys=True)
+            if path.read_text() != text:
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(text)
+                tmp.replace(path)
+
+
+def _label_name(key: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_]", "_", key)
+
+
+def _pod_targets(pod: Obj) -> list[Obj]:
+    meta, spec, status = pod["metadata"], pod["spec"], pod.get("status") or {}
+    ip = status.get("podIP")
+    if not ip:
+        return []
+    common = {
+        "__meta_kubernetes_namespace": meta["namespace"],
+        "__meta_kubernetes_pod_name": meta["name"],
+        "__meta_kubernetes_pod_ip": ip,
+        "__meta_kubernetes_pod_node_name": spec.get("nodeName", ""),
+        "__meta_kubernetes_pod_host_ip": status.get("hostIP", ""),
+        "__meta_kubernetes_pod_uid": meta["uid"],
+        "__meta_kubernetes_pod_phase": status.get("phase", ""),
+        "__meta_kubernetes_pod_ready": str(is_ready(pod)).lower(),
+    }
+    for key, value in (meta.get("labels") or {}).items():
+        common[f"__meta_kubernetes_pod_label_{_label_name(key)}"] = value
+        common[f"__meta_kubernetes_pod_labelpresent_{_label_name(key)}"] = "true"
+    for key, value in (meta.get("annotations") or {}).items():
+        common[f"__meta_kubernetes_pod_annotation_{_label_name(key)}"] = value
+    groups = []
+    for container in spec["containers"]:
+        for port in container.get("ports") or []:
+            labels = common | {
+                "__meta_kubernetes_pod_container_name": container["name"],
+                "__meta_kubernetes_pod_container_port_name": port.get("name", ""),
+                "__meta_kubernetes_pod_container_port_number": str(port["containerPort"]),
+                "__meta_kubernetes_pod_container_port_protocol": port.get("protocol", "TCP"),
+            }
+            groups.append({"targets": [f"{ip}:{port['containerPort']}"], "labels": labels})
+    return groups
+
+
+@dataclass
 class Deployment:
     workdir: Path
     overlay: str = "enforce"
@@ -138,6 +230,7 @@ class Deployment:
     objects: list[Obj] = field(default_factory=list)
     prometheus_port: int = 0
     alertmanager_port: int = 0
+    discovery: PodDiscovery | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -170,6 +263,8 @@ class Deployment:
         self._start_monitoring()
 
     def stop(self) -> None:
+        if self.discovery is not None:
+            self.discovery.stop()
         for proc in reversed(self.processes):
             proc.stop()
         if self.kubelet is not None:
@@ -302,11 +397,16 @@ class Deployment:
         prom["alerting"] = {
             "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.alertmanager_port}"]}]}]
         }
-        for job in prom["scrape_configs"]:
-            for sd in job.get("kubernetes_sd_configs", []):
-                sd["api_server"] = self.plane.server
-                sd["tls_config"] = {"ca_file": str(self.plane.pki.ca_cert)}
-                sd["authorization"] = {"credentials_file": str(admin_token)}
+        # Debian's Prometheus is built without Kubernetes discovery: the harness discovers the pods
+        # itself and hands Prometheus the same targets and __meta_kubernetes_* labels through file_sd,
+        # so the shipped relabel_configs run unchanged.
+        self.discovery = PodDiscovery(rest=self.admin, folder=self.workdir / "file-sd")
+        for index, job in enumerate(prom["scrape_configs"]):
+            sds = job.pop("kubernetes_sd_configs", [])
+            if sds:
+                files = [str(self.discovery.watch(f"{index}-{n}", sd)) for n, sd in enumerate(sds)]
+                job["file_sd_configs"] = [{"files": files, "refresh_interval": "1s"}]
+        self.discovery.start()
         (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(prom))
         self.prometheus_port = free_port()
         self.processes.append(
@@ -364,7 +464,13 @@ class Deployment:
         """Exporters scraped on every GPU node, one remediator leading, rules loaded."""
 
         def ready() -> bool:
-            up = self.query(f'up{{job="{EXPORTER}"}} == 1')
+            for proc in self.processes:
+                if proc.popen.poll() is not None:
+                    raise RuntimeError(f"{proc.name} exited\n{proc.tail()}")
+            try:
+                up = self.query(f'up{{job="{EXPORTER}"}} == 1')
+            except OSError:
+                return False
             endpoints = self.service.endpoints() if self.service else []
             return len(up) == self.gpu_nodes and len(endpoints) == 1
 
