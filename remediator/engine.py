@@ -55,7 +55,7 @@ from remediator.cluster import (
     instance_id_from_provider_id,
 )
 from remediator.drain import plan_drain
-from remediator.payload import Alert, WebhookPayload
+from remediator.payload import Alert, PayloadError, WebhookPayload, parse_payload
 from remediator.policy import (
     DISRUPTIVE,
     Action,
@@ -330,6 +330,7 @@ class Engine:
         self._started = False
         self._reconciled = False  # budget reconciled during the current delivery
         self._drains: dict[str, _RunningDrain] = {}
+        self._resume: dict[str, list[Alert]] = {}  # drains a previous leader left running
         self._tasks: set[asyncio.Task[None]] = set()  # drains, and the bookkeeping after each
         self._stopping = False
 
@@ -350,6 +351,21 @@ class Engine:
         async with self._lock:
             await self._load()
 
+    async def take_over(self) -> int:
+        """This replica just became the leader: read the gate state again (the old leader changed it
+        since this process started) and resume the drains the old leader left running, from the alerts
+        it stored with them. The drain keeps its deadline (node annotations) and evicts only what is
+        still there. Returns how many drains were resumed."""
+        async with self._lock:
+            self._started = False
+            await self._load()
+            resume = {n: a for n, a in self._resume.items() if n not in self._drains}
+            self._resume = {}
+        for node, alerts in resume.items():
+            logger.warning("resuming the drain of %s left running by the previous leader", node)
+            await self.handle(_resume_payload(alerts))
+        return len(resume)
+
     async def _load(self) -> None:
         if self._started:
             return
@@ -361,6 +377,7 @@ class Engine:
                 logger.info("no stored gate state; starting with an empty budget and a closed breaker")
                 return
             fresh.load_document(doc)
+            self._resume = _running_drains(doc.get("drains", {}))
         except StateError as exc:
             self._started = True
             logger.error("stored gate state is unusable (%s); starting PAUSED", exc)
@@ -379,7 +396,14 @@ class Engine:
         if not self._dirty or self.settings.dry_run:
             self._dirty = False
             return
-        await self._cluster.save_gate_state(self.state.to_document())
+        doc = self.state.to_document()
+        # The alerts waiting on each drain running now: a new leader resumes those drains from them.
+        doc["drains"] = {
+            node: [alert_document(w.alert) for w in running.waiters.values() if w.resolved is None]
+            for node, running in self._drains.items()
+            if not running.ended
+        }
+        await self._cluster.save_gate_state(doc)
         self._dirty = False
 
     async def set_paused(self, paused: bool, reason: str = "") -> bool:
@@ -1295,3 +1319,46 @@ def _outcome_details(outcome: DrainOutcome) -> dict[str, Any]:
         "resumed": outcome.resumed,
         "deadline": datetime.fromtimestamp(outcome.deadline, tz=UTC).isoformat(timespec="seconds"),
     }
+
+
+def alert_document(alert: Alert) -> dict[str, Any]:
+    """An alert as Alertmanager's webhook sends it (what `parse_payload` reads back)."""
+    return {
+        "status": alert.status,
+        "labels": dict(alert.labels),
+        "annotations": dict(alert.annotations),
+        "startsAt": alert.starts_at,
+        "endsAt": alert.ends_at,
+        "generatorURL": alert.generator_url,
+        "fingerprint": alert.fingerprint,
+    }
+
+
+def _running_drains(section: Any) -> dict[str, list[Alert]]:
+    """The stored `drains` section: node -> the alerts its drain was started for."""
+    if not isinstance(section, Mapping):
+        raise StateError("drains: expected a mapping")
+    drains: dict[str, list[Alert]] = {}
+    for node, alerts in section.items():
+        try:
+            payload = parse_payload({"version": "4", "status": "firing", "alerts": alerts})
+        except PayloadError as exc:
+            raise StateError(f"drains.{node}: {exc}") from exc
+        if payload.alerts:
+            drains[str(node)] = list(payload.alerts)
+    return drains
+
+
+def _resume_payload(alerts: list[Alert]) -> WebhookPayload:
+    return WebhookPayload(
+        version="4",
+        group_key="accel-health/resume",
+        truncated_alerts=0,
+        status="firing",
+        receiver="accel-health-remediator",
+        group_labels={},
+        common_labels={},
+        common_annotations={},
+        external_url="",
+        alerts=tuple(alerts),
+    )

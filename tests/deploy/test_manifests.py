@@ -389,9 +389,9 @@ def test_no_token_value_is_shipped(rendered: dict[str, list[dict[str, Any]]]) ->
 
 EXPECTED_RBAC = {
     ("ClusterRole", "accel-health-remediator"): {
-        ("", "nodes"): {"get", "list", "watch", "patch"},
+        ("", "nodes"): {"get", "list", "patch"},
         ("", "nodes/status"): {"patch"},
-        ("", "pods"): {"get", "list"},
+        ("", "pods"): {"list"},
         ("", "pods/eviction"): {"create"},
         ("policy", "poddisruptionbudgets"): {"list"},
     },

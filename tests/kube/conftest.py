@@ -3,6 +3,7 @@ so a module's scenarios share a cluster and modules never see each other's objec
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -36,7 +37,9 @@ def deployed_skip_reason() -> str | None:
 def workdir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="accel-health-kube-"))
     yield path
-    shutil.rmtree(path, ignore_errors=True)
+    # ACCEL_HEALTH_KEEP_KUBE_LOGS=1 keeps every process's log and the audit log for a look afterwards.
+    if not os.environ.get("ACCEL_HEALTH_KEEP_KUBE_LOGS"):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -64,6 +64,7 @@ class Running:
     restarts: int = 0
     ready: bool = False
     last_probe: float = 0.0
+    exited_at: float | None = None
 
 
 @dataclass
@@ -374,8 +375,13 @@ class FakeKubelet:
             self._patch_status(pod, self._status(pod, ip=run.ip, ready=False))
             return
         if run.process.popen.poll() is not None:
-            code = run.process.popen.returncode
-            logger.warning("pod %s exited with %s; restarting", key, code)
+            # CrashLoopBackOff, shortened: 0.5 s doubling up to 8 s.
+            if run.exited_at is None:
+                run.exited_at = now
+                logger.warning("pod %s exited with %s", key, run.process.popen.returncode)
+            if now - run.exited_at < min(8.0, 0.5 * 2**run.restarts):
+                return
+            run.exited_at = None
             run.restarts += 1
             run.ready = False
             run.process = self._exec(run.netns, run.spec_file, name=run.process.name)
@@ -516,7 +522,9 @@ class FakeKubelet:
         argv[0] = shutil.which(argv[0], path=str(Path(sys.executable).parent)) or argv[0]
         netns, ip = self.network.add_pod()
         spec_file = pod_dir / "podrun.json"
-        spec_file.write_text(json.dumps({"argv": argv, "env": env, "mounts": mounts}))
+        spec_file.write_text(
+            json.dumps({"argv": argv, "env": env, "mounts": mounts, "hostname": meta["name"]})
+        )
         name = f"pod-{meta['namespace']}-{meta['name']}"
         return Running(
             pod_key=key,
@@ -536,6 +544,7 @@ class FakeKubelet:
             netns,
             "unshare",
             "-m",
+            "-u",
             "--propagation",
             "private",
             sys.executable,

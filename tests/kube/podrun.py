@@ -1,10 +1,10 @@
 """Runs one container's process as the kubelet would: inside the pod's network namespace (the caller
-runs this under `ip netns exec`) and a private mount namespace (`unshare -m`), with the pod's volumes
+runs this under `ip netns exec`) and private mount and UTS namespaces (`unshare -m -u`), with the pod's volumes
 bind-mounted at their mountPaths, then execs the container's command.
 
-    ip netns exec NS unshare -m --propagation private python -m tests.kube.podrun SPEC.json
+    ip netns exec NS unshare -m -u --propagation private python -m tests.kube.podrun SPEC.json
 
-SPEC: {"argv": [...], "env": {...}, "mounts": [[source, target, read_only], ...]}. The targets must
+SPEC: {"argv": [...], "env": {...}, "hostname": NAME, "mounts": [[source, target, read_only], ...]}. The targets must
 exist (the kubelet stand-in creates missing mount points before and removes them after).
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -23,6 +24,7 @@ def main() -> None:
         subprocess.run(["mount", "--bind", source, target], check=True)
         if read_only:
             subprocess.run(["mount", "-o", "remount,bind,ro", target], check=True)
+    socket.sethostname(spec["hostname"])  # a pod's hostname is its name (own UTS namespace)
     os.chdir("/")
     argv = spec["argv"]
     os.execvpe(argv[0], argv, spec["env"])  # noqa: S606 -- the container's own command, by design

@@ -170,6 +170,51 @@ def _time(check: Any, timeout: float = 60.0) -> float:
     return time.monotonic() - t0
 
 
+def test_a_leader_deleted_gracefully_hands_the_lease_over_at_once(cluster: Deployment) -> None:
+    """A rolling restart (Recreate) or `kubectl delete pod`: SIGTERM, the Lease handed back, the
+    standby leads within a retry period or two instead of a whole lease duration."""
+    old = cluster.leader()
+    assert old is not None
+    name = old["metadata"]["name"]
+    cluster.admin.delete(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+    took = _time(lambda: (lead := cluster.leader()) is not None and lead["metadata"]["name"] != name)
+    assert took < 8, f"the standby took {took:.1f}s to lead after a graceful hand-over"
+    released = [
+        e
+        for e in _audit(cluster)
+        if e["verb"] == "patch"
+        and e["objectRef"].get("resource") == "leases"
+        and e["responseStatus"]["code"] == 200
+    ]
+    assert released, "the old leader did not hand the Lease back"
+    wait_for("a new standby replica", lambda: len(cluster.remediator_pods()) == 2, timeout=60)
+
+
+async def test_a_repeated_event_is_aggregated_with_the_shipped_rbac(cluster: Deployment) -> None:
+    """client-go's Event aggregation (a repeat bumps the count), as the remediator's ServiceAccount."""
+    from kubernetes.aio import client as k8s
+
+    from remediator.executors.kubernetes import KubernetesCluster
+
+    assert cluster.plane is not None
+    assert cluster.skew is not None
+    assert cluster.network is not None
+    cfg = k8s.Configuration()
+    cfg.host = f"https://{cluster.network.host_ip}:{cluster.skew.port}"
+    cfg.ssl_ca_cert = str(cluster.plane.pki.ca_cert)
+    cfg.api_key = {"authorization": "Bearer " + cluster.plane.service_account_token(NAMESPACE, REMEDIATOR)}
+    backend = KubernetesCluster(api=k8s.ApiClient(cfg))
+    try:
+        for _ in range(2):
+            await backend.record_event(
+                node="cpu-node-2", reason="AccelTestRepeat", message="the same thing twice", type_="Normal"
+            )
+    finally:
+        await backend.close()
+    events = [e for e in cluster.events("cpu-node-2") if e["reason"] == "AccelTestRepeat"]
+    assert [e["count"] for e in events] == [2]
+
+
 def test_no_request_of_the_remediator_was_forbidden(cluster: Deployment) -> None:
     assert cluster.plane is not None
     forbidden = [
