@@ -1,11 +1,12 @@
 """Runs one container's process as the kubelet would: inside the pod's network namespace (the caller
-runs this under `ip netns exec`) and private mount and UTS namespaces (`unshare -m -u`), with the pod's volumes
-bind-mounted at their mountPaths, then execs the container's command.
+runs this under `ip netns exec`) and private mount and UTS namespaces (`unshare -m -u`), with the
+pod's volumes bind-mounted at their mountPaths and the pod's name as hostname, then execs the
+container's command.
 
     ip netns exec NS unshare -m -u --propagation private python -m tests.kube.podrun SPEC.json
 
-SPEC: {"argv": [...], "env": {...}, "hostname": NAME, "mounts": [[source, target, read_only], ...]}. The targets must
-exist (the kubelet stand-in creates missing mount points before and removes them after).
+SPEC: {"argv": [...], "env": {...}, "hostname": NAME, "mounts": [[source, target, read_only], ...]}.
+The targets must exist (the kubelet stand-in creates missing mount points before and removes them after).
 """
 
 from __future__ import annotations

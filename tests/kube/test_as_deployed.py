@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.aio import client as k8s
 
+from remediator.executors.kubernetes import KubernetesCluster
 from tests.kube.conftest import deployed_skip_reason
 from tests.kube.controlplane import wait_for
 from tests.kube.deployed import NAMESPACE, REMEDIATOR, WORK_NS, Deployment, add_training
@@ -192,10 +194,6 @@ def test_a_leader_deleted_gracefully_hands_the_lease_over_at_once(cluster: Deplo
 
 async def test_a_repeated_event_is_aggregated_with_the_shipped_rbac(cluster: Deployment) -> None:
     """client-go's Event aggregation (a repeat bumps the count), as the remediator's ServiceAccount."""
-    from kubernetes.aio import client as k8s
-
-    from remediator.executors.kubernetes import KubernetesCluster
-
     assert cluster.plane is not None
     assert cluster.skew is not None
     assert cluster.network is not None
