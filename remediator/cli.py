@@ -17,7 +17,7 @@ from aiohttp import web
 from kubernetes.aio import client as k8s
 
 from remediator import leader
-from remediator.app import MAX_BODY_BYTES, create_app
+from remediator.app import ENGINE, MAX_BODY_BYTES, create_app
 from remediator.cluster import Aws, Cluster
 from remediator.engine import AlertPlan, Engine, EngineSettings
 from remediator.executors import kubernetes as executors_kubernetes
@@ -279,7 +279,7 @@ async def _kubernetes_app(
 
     app.cleanup_ctx.append(close_client)  # registered first, so it runs after the Lease is handed back
     if elector is not None:
-        leader.install(app, elector)
+        leader.install(app, elector, replica=app[ENGINE])
         logger.info(
             "cluster backend: Kubernetes API %s; leader election on Lease %s/%s as %s",
             cfg.host,
