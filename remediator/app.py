@@ -116,6 +116,15 @@ async def receive_alerts(request: web.Request) -> web.Response:
         payload = parse_body(body)
     except PayloadError as exc:
         return _error(400, f"invalid Alertmanager webhook payload: {exc}")
+    if payload.truncated_alerts > 0:
+        # max_alerts cut the group: the alerts left out are decided when the API or a later
+        # delivery shows them. Said in the log and the answer, never silently.
+        logger.warning(
+            "delivery of group %s left out %d alert(s) (Alertmanager max_alerts); raise max_alerts on "
+            "this receiver",
+            payload.group_key,
+            payload.truncated_alerts,
+        )
     try:
         plans = await request.app[ENGINE].handle(payload)
     except BackendUnavailable as exc:
@@ -131,6 +140,7 @@ async def receive_alerts(request: web.Request) -> web.Response:
             "alerts": len(payload.alerts),
             "new_decisions": sum(outcomes.values()),
             "outcomes": outcomes,
+            "truncated_alerts": payload.truncated_alerts,
         }
     )
 

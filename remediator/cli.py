@@ -18,7 +18,7 @@ from kubernetes.aio import client as k8s
 
 from remediator import leader
 from remediator.app import ENGINE, MAX_BODY_BYTES, create_app
-from remediator.cluster import Aws, BackendUnavailable, Cluster
+from remediator.cluster import Aws, Cluster
 from remediator.engine import AlertPlan, Engine, EngineSettings
 from remediator.executors import kubernetes as executors_kubernetes
 from remediator.executors.aws import AwsExecutor, AwsSettings
@@ -279,8 +279,7 @@ async def _kubernetes_app(
 
     app.cleanup_ctx.append(close_client)  # registered first, so it runs after the Lease is handed back
     if elector is not None:
-        leader.install(app, elector)
-        _take_over_on_election(app, elector)
+        leader.install(app, elector, replica=app[ENGINE])
         logger.info(
             "cluster backend: Kubernetes API %s; leader election on Lease %s/%s as %s",
             cfg.host,
@@ -291,30 +290,6 @@ async def _kubernetes_app(
     else:
         logger.warning("cluster backend: Kubernetes API %s; leader election disabled", cfg.host)
     return app
-
-
-def _take_over_on_election(app: web.Application, elector: leader.LeaderElector) -> None:
-    """On becoming the leader, the engine reads the gate state again and resumes the drains the
-    previous leader left running (Alertmanager will not resend their alerts for a repeat_interval)."""
-    engine = app[ENGINE]
-    tasks: set[asyncio.Task[None]] = set()
-
-    async def take_over() -> None:
-        try:
-            resumed = await engine.take_over()
-        except BackendUnavailable as exc:
-            logger.warning("taking over as leader: %s; the next delivery decides again", exc)
-            return
-        if resumed:
-            logger.warning("took over %d drain(s) from the previous leader", resumed)
-
-    def changed(leading: bool) -> None:
-        if leading:
-            task = asyncio.create_task(take_over(), name="leader-take-over")
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-
-    elector.subscribe(changed)
 
 
 def _read_token(path: Path) -> str:

@@ -20,6 +20,10 @@ class BackendUnavailable(RuntimeError):
     """The backend could not be reached; the webhook answers 503 so that Alertmanager retries."""
 
 
+class StateConflict(BackendUnavailable):
+    """The stored gate state changed since it was read (another writer): read again, merge, retry."""
+
+
 class ObjectFormatError(ValueError):
     """A Kubernetes object does not have the shape the remediator needs."""
 
@@ -66,6 +70,52 @@ class Node:
     """spec.providerID, e.g. `aws:///us-west-2a/i-0123…`; empty when unknown."""
     conditions: tuple[NodeCondition, ...] = ()
     """status.conditions"""
+    accelerators: tuple[str, ...] = ()
+    """Accelerator resources in status.capacity with a count above 0 (nvidia.com/gpu,
+    aws.amazon.com/neuron, ...); empty on CPU-only nodes."""
+
+    @property
+    def has_accelerators(self) -> bool:
+        """An accelerator node: it advertises an accelerator resource or carries a GPU-present label."""
+        return bool(self.accelerators) or any(
+            self.labels.get(label, "").lower() == "true" for label in ACCELERATOR_LABELS
+        )
+
+    @property
+    def ready(self) -> bool:
+        """The kubelet's Ready condition is True (a node without conditions counts as ready)."""
+        cond = next((c for c in self.conditions if c.type == "Ready"), None)
+        return cond is None or cond.status == "True"
+
+
+ACCELERATOR_RESOURCE_PREFIXES = (
+    "nvidia.com/gpu",
+    "nvidia.com/mig-",
+    "amd.com/gpu",
+    "aws.amazon.com/neuron",
+    "habana.ai/gaudi",
+    "google.com/tpu",
+    "gpu.intel.com/",
+)
+"""Extended resources that make a node an accelerator node (device plugins advertise them)."""
+ACCELERATOR_LABELS = ("nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present")
+"""Labels (GPU operator, node feature discovery) that mark an accelerator node before its device
+plugin has registered."""
+
+
+def accelerator_resources(capacity: Mapping[str, Any]) -> tuple[str, ...]:
+    """The accelerator resources of a status.capacity with a count above 0."""
+    out = []
+    for name, value in capacity.items():
+        if not str(name).startswith(ACCELERATOR_RESOURCE_PREFIXES):
+            continue
+        try:
+            count = int(str(value))
+        except ValueError:
+            count = 1  # a quantity like "1k": present
+        if count > 0:
+            out.append(str(name))
+    return tuple(sorted(out))
 
 
 @dataclass(frozen=True)
@@ -165,6 +215,7 @@ class EvictionResult(enum.Enum):
     EVICTED = "evicted"
     REFUSED_BY_PDB = "refused-by-pdb"  # 429
     GONE = "gone"  # 404
+    REFUSED = "refused"  # 403 or another 4xx (an admission webhook's denial): retrying will not help
 
 
 @dataclass(frozen=True)
@@ -257,12 +308,14 @@ class Cluster(Protocol):
         """All PodDisruptionBudgets."""
         ...
 
-    async def cordon(self, node: str) -> None:
-        """Set spec.unschedulable=true."""
+    async def cordon(self, node: str) -> bool:
+        """Set spec.unschedulable=true and record that this service did. True when this call cordoned
+        it; False when it was already cordoned (by someone else: not claimed)."""
         ...
 
-    async def uncordon(self, node: str) -> None:
-        """Set spec.unschedulable=false."""
+    async def uncordon(self, node: str) -> bool:
+        """Set spec.unschedulable=false, only if this service cordoned it and nobody changed the
+        cordon since. True when this call uncordoned it."""
         ...
 
     async def add_taint(self, node: str, taint: Taint) -> None:
@@ -303,7 +356,8 @@ class Cluster(Protocol):
         ...
 
     async def save_gate_state(self, document: Mapping[str, Any]) -> None:
-        """Store the gate-state document (JSON-serialisable, at most about 1 MiB), replacing the last.
+        """Store the gate-state document (JSON-serialisable, at most about 1 MiB), replacing the one
+        last read or written by this backend; StateConflict when another writer changed it since.
         Kept in the cluster so that budgets, the breaker and idempotency survive restarts and
         fail-overs. A mutating call: never made in dry-run."""
         ...
@@ -312,8 +366,9 @@ class Cluster(Protocol):
 class Aws(Protocol):
     """The AWS calls the engine makes. Methods raise BackendUnavailable when retrying could help."""
 
-    async def set_unhealthy(self, instance_id: str) -> None:
-        """SetInstanceHealth(Unhealthy, ShouldRespectGracePeriod=False): the ASG replaces it."""
+    async def set_unhealthy(self, instance_id: str) -> bool:
+        """SetInstanceHealth(Unhealthy, ShouldRespectGracePeriod=False): the ASG replaces it. False
+        when the instance is in no Auto Scaling group (nothing marked, nothing replaces it)."""
         ...
 
     async def put_metric(
@@ -392,6 +447,7 @@ def node_from_object(obj: Mapping[str, Any]) -> Node:
         taints=taints,
         provider_id=_str(spec.get("providerID"), "spec.providerID"),
         conditions=conditions,
+        accelerators=accelerator_resources(_mapping(status.get("capacity"), "status.capacity")),
     )
 
 

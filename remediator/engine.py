@@ -71,8 +71,9 @@ from remediator.policy import (
     SetCondition,
     Uncordon,
 )
-from remediator.safety import DisruptionBudget, Verdict, eligible_count, protected_reason
+from remediator.safety import DisruptionBudget, Verdict, eligible, protected_reason
 from remediator.state import GateState, StateError
+from remediator.statestore import StateStore
 
 logger = logging.getLogger("remediator.decisions")
 
@@ -199,11 +200,11 @@ class GateStatus:
     breaker: str
     """The breaker in words."""
     alerting_nodes: int
-    """Eligible nodes alerting within the breaker window."""
+    """Eligible nodes with a fault firing now."""
     eligible_nodes: int
     """Nodes that may be acted on (last count)."""
     budget_in_use: int
-    """Nodes disrupted by this service now."""
+    """Eligible nodes out of service now: held by this service, or unschedulable / NotReady."""
     budget_capacity: int
     """The effective budget."""
     budget_holders: Mapping[str, Mapping[str, Any]]
@@ -216,6 +217,10 @@ class GateStatus:
     """Node -> the drain running now in the background (since, deadline, alerts)."""
     api_unavailable: Mapping[str, int] = field(default_factory=dict)
     """Optional Kubernetes API -> how often the backend found it not served (404)."""
+    budget_others: Mapping[str, str] = field(default_factory=dict)
+    """Eligible nodes out of service for other reasons (node -> unschedulable or NotReady)."""
+    firing: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Node -> fingerprint -> the alert firing now (the desired state)."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -232,7 +237,9 @@ class GateStatus:
                 "in_use": self.budget_in_use,
                 "capacity": self.budget_capacity,
                 "holders": {k: dict(v) for k, v in self.budget_holders.items()},
+                "others": dict(self.budget_others),
             },
+            "firing": {k: dict(v) for k, v in self.firing.items()},
             "rate_limits": dict(self.rate_limits),
             "deferred": dict(self.deferred),
             "drains": {k: dict(v) for k, v in self.drains.items()},
@@ -327,7 +334,10 @@ class Engine:
         self._listeners: list[Callable[[DecisionRecord], None]] = []
         self._lock = asyncio.Lock()
         self._dirty = False
-        self._started = False
+        self._store = StateStore(cluster=cluster, settings=policy.safety, clock=clock)
+        self._eligible: set[str] | None = None  # eligible nodes, as last observed
+        self._held: dict[str, dict[tuple[Any, ...], tuple[Alert, Rule]]] = {}
+        # node -> reversals of resolved alerts held back by other causes still firing
         self._reconciled = False  # budget reconciled during the current delivery
         self._drains: dict[str, _RunningDrain] = {}
         self._resume: dict[str, list[Alert]] = {}  # drains a previous leader left running
@@ -346,76 +356,78 @@ class Engine:
     # -- lifecycle and state -----------------------------------------------------------------
 
     async def start(self) -> None:
-        """Read the gate state back from the cluster. Unreadable state pauses the service (loudly)
+        """Read the gate state from the cluster. Unreadable state pauses the service (loudly)
         instead of starting with an empty budget; BackendUnavailable propagates."""
         async with self._lock:
             await self._load()
 
-    async def take_over(self) -> int:
-        """This replica just became the leader: read the gate state again (the old leader changed it
-        since this process started) and resume the drains the old leader left running, from the alerts
-        it stored with them. The drain keeps its deadline (node annotations) and evicts only what is
-        still there. Returns how many drains were resumed."""
+    def became_leader(self) -> None:
+        """This replica now leads: what it read before may be stale, so it reads the gate state
+        again before its next decision (`synced` is False until then)."""
+        if not self.settings.dry_run:
+            self._store.invalidate()
+
+    @property
+    def synced(self) -> bool:
+        """The gate state was read since start or since this replica last became the leader."""
+        return self._store.loaded
+
+    async def sync(self) -> None:
+        """Read the gate state now if it needs reading (a new leader does this before it is ready),
+        then resume the drains a previous leader left running: Alertmanager will not resend their
+        alerts for a repeat_interval. A resumed drain keeps its deadline (node annotations) and evicts
+        only what is still there; the actions before it are already decided (idempotency keys)."""
         async with self._lock:
-            self._started = False
             await self._load()
             resume = {n: a for n, a in self._resume.items() if n not in self._drains}
             self._resume = {}
         for node, alerts in resume.items():
             logger.warning("resuming the drain of %s left running by the previous leader", node)
             await self.handle(_resume_payload(alerts))
-        return len(resume)
 
     async def _load(self) -> None:
-        if self._started:
+        if self._store.loaded:
             return
-        fresh = GateState(settings=self.policy.safety, clock=self._clock)
-        try:
-            doc = await self._cluster.load_gate_state()
-            self._started = True
-            if doc is None:
-                logger.info("no stored gate state; starting with an empty budget and a closed breaker")
-                return
-            fresh.load_document(doc)
-            self._resume = _running_drains(doc.get("drains", {}))
-        except StateError as exc:
-            self._started = True
-            logger.error("stored gate state is unusable (%s); starting PAUSED", exc)
-            self.state.pause.pause(f"stored gate state unusable: {exc}; check, then POST /resume")
-            self._dirty = False  # keep the stored document for inspection
-            return
-        self.state = fresh
-        logger.info(
-            "gate state restored: %d node(s) in the budget, breaker %s, %s",
-            fresh.budget.in_use,
-            "OPEN" if fresh.breaker.open else "closed",
-            "PAUSED" if fresh.pause.paused else "not paused",
-        )
+        loaded = self._store.loaded
+        self.state = await self._store.load(self.state)
+        self._dirty = False
+        if not loaded and not self.settings.dry_run:
+            try:
+                self._resume = _running_drains(self.state.drains)
+            except StateError as exc:
+                logger.error(
+                    "stored drains unusable (%s); the next delivery of their alerts resumes them", exc
+                )
+                self._resume = {}
 
     async def _save(self) -> None:
         if not self._dirty or self.settings.dry_run:
             self._dirty = False
             return
-        doc = self.state.to_document()
         # The alerts waiting on each drain running now: a new leader resumes those drains from them.
-        doc["drains"] = {
+        self.state.drains = {
             node: [alert_document(w.alert) for w in running.waiters.values() if w.resolved is None]
             for node, running in self._drains.items()
             if not running.ended
         }
-        await self._cluster.save_gate_state(doc)
+        self.state = await self._store.save(self.state)
         self._dirty = False
 
     async def set_paused(self, paused: bool, reason: str = "") -> bool:
         """Pause or resume every action; True when the switch changed. Saved at once (not in dry-run)."""
         async with self._lock:
-            if paused:
-                changed = not self.state.pause.paused
-                self.state.pause.pause(reason or "paused by an operator")
-            else:
-                changed = self.state.pause.resume()
-            self._dirty = True
-            await self._save()
+            await self._load()
+
+            def apply(state: GateState) -> bool:
+                if paused:
+                    was = state.pause.paused
+                    state.pause.pause(reason or "paused by an operator")
+                    return not was
+                return state.pause.resume()
+
+            changed = apply(self.state)
+            if not self.settings.dry_run:
+                self.state = await self._store.save(self.state, reapply=apply)
             return changed
 
     async def drained(self) -> None:
@@ -439,7 +451,7 @@ class Engine:
     def status(self) -> GateStatus:
         """The gates now (evaluates the breaker on the clock, so a scrape sees it close)."""
         st = self.state
-        if st.breaker.evaluate():
+        if st.breaker.evaluate(alerting=self._alerting_nodes()):
             self._dirty = True
         deferred: dict[str, int] = {}
         for pending in self.pending.values():
@@ -459,6 +471,8 @@ class Engine:
                 n: {"since": h.since, "kinds": sorted(h.kinds), "dry_run": h.dry_run}
                 for n, h in st.budget.holders().items()
             },
+            budget_others=dict(st.budget.others),
+            firing=st.firing.as_json(),
             rate_limits=st.rate.usage(),
             deferred=deferred,
             drains={name: running.as_json() for name, running in self._drains.items()},
@@ -475,39 +489,73 @@ class Engine:
             self._reconciled = False
             try:
                 observed = await self._observe(payload)
-                return [await self._handle_alert(o) for o in observed]
+                plans = [await self._handle_alert(o) for o in observed]
+                await self._release_held({o.node_name for o in observed if o.alert.status == "resolved"})
+                return plans
             finally:
                 await self._save()
+
+    async def _release_held(self, nodes: set[str]) -> None:
+        """Decide again the reversals held back on these nodes: a hold no cause asks for any more
+        is released now (the last cause resolved, or expired without a delivery)."""
+        for name in sorted(nodes & set(self._held)):
+            held = self._held.pop(name)
+            node = await self._cluster.get_node(name)
+            for key, (alert, rule) in held.items():
+                if key in self.state.decided:
+                    continue
+                ctx = _Context(
+                    alert=alert,
+                    node_name=name,
+                    node=node,
+                    rule=rule,
+                    dry_run=key[-1],
+                    protected=protected_reason(node, self.policy.safety) if node is not None else None,
+                )
+                await self._run_actions(ctx, rule.on_resolved, [])
 
     def _rule_for(self, alert: Alert) -> Rule | None:
         return self.policy.first_match(alert.labels)
 
     async def _observe(self, payload: WebhookPayload) -> list[_Observed]:
+        """Update the desired state (alerts firing now) from the delivery, then the observed state
+        (eligible nodes, nodes out of service) and the breaker."""
         label = self.settings.node_label
         observed = []
-        acting: list[_Observed] = []
+        acting = False
+        firing = self.state.firing
         for alert in payload.alerts:
             node_name = alert.labels.get(label, "")
             rule = self._rule_for(alert) if node_name else None
-            item = _Observed(alert=alert, node_name=node_name, rule=rule)
-            observed.append(item)
-            if node_name and alert.status == "resolved":
-                if self.state.breaker.observe_resolved(node_name, alert.fingerprint):
-                    self._dirty = True
-            elif node_name and rule is not None and rule.actions:
-                acting.append(item)
+            observed.append(_Observed(alert=alert, node_name=node_name, rule=rule))
+            if not node_name:
+                continue
+            if alert.status == "resolved":
+                self._dirty = firing.resolved(node_name, alert.fingerprint) or self._dirty
+            elif rule is not None and rule.actions:
+                alertname = alert.labels.get("alertname", "")
+                firing.firing(node_name, fingerprint=alert.fingerprint, alertname=alertname, rule=rule)
+                self._dirty = acting = True
         if acting:
-            nodes = {n.name: n for n in await self._cluster.list_nodes()}
-            eligible = eligible_count(nodes.values(), self.policy.safety)
-            self.state.budget.eligible = eligible
-            for item in acting:
-                node = nodes.get(item.node_name)
-                if node is not None and protected_reason(node, self.policy.safety) is None:
-                    self.state.breaker.observe_firing(item.node_name, item.alert.fingerprint)
-                    self._dirty = True
-            if self.state.breaker.evaluate(eligible):
-                self._dirty = True
+            await self._observe_nodes()
+        if self.state.breaker.evaluate(alerting=self._alerting_nodes()):
+            self._dirty = True
         return observed
+
+    async def _observe_nodes(self) -> None:
+        """The eligible nodes and those already out of service, from the cluster as it is now."""
+        nodes = await self._cluster.list_nodes()
+        safety = self.policy.safety
+        self._eligible = {n.name for n in nodes if eligible(n, safety)}
+        self.state.budget.observe(nodes, safety)
+        self.state.breaker.evaluate(eligible=len(self._eligible))
+
+    def _alerting_nodes(self) -> int | None:
+        """Eligible nodes with a fault firing now (what the breaker counts); None before the
+        cluster was first observed."""
+        if self._eligible is None:
+            return None
+        return len(self.state.firing.nodes(among=self._eligible))
 
     # -- per alert ---------------------------------------------------------------------------
 
@@ -547,7 +595,12 @@ class Engine:
     def _drop_pending_of_resolved(self, alert: Alert) -> list[DecisionRecord]:
         """A resolved alert's deferred firing actions will never run: say so, once each."""
         records = []
-        for key in [k for k in self.pending if k[0] == alert.fingerprint and k[1] == alert.starts_at]:
+        mine = [
+            k
+            for k in self.pending
+            if k[0] == alert.fingerprint and k[1] == alert.starts_at and k[2] == "firing"
+        ]
+        for key in mine:
             pending = self.pending.pop(key)
             old = pending.record
             records.append(
@@ -681,6 +734,8 @@ class Engine:
                 "details": details,
             }
             if result.outcome == "deferred":
+                if result.gate == "hold":
+                    self._held.setdefault(node_name, {})[key] = (alert, rule)
                 rec = self._defer(key, alert, fields)
                 if rec is not None:
                     records.append(rec)
@@ -927,8 +982,8 @@ class Engine:
             return _Result("skipped", "already cordoned (spec.unschedulable=true)")
         if (held := await self._gates(ctx, "cordon", node.name)) is not None:
             return held
-        if not ctx.dry_run:
-            await self._cluster.cordon(node.name)
+        if not ctx.dry_run and not await self._cluster.cordon(node.name):
+            return _Result("skipped", "cordoned by someone else meanwhile; left as it is, not claimed")
         if self._counts(ctx):
             self.state.ownership.add_cordon(node.name, dry_run=ctx.dry_run)
         self._commit(ctx, "cordon", node.name)
@@ -944,29 +999,57 @@ class Engine:
         if self._counts(ctx) and self.state.budget.release(node):
             self._dirty = True
 
+    def _held_by_others(self, ctx: _Context, hold: str) -> _Result | None:
+        """A resolved alert's reversal waits while another alert firing on the node holds the same
+        thing (cordon, taint key, condition type); it runs when none is left."""
+        if ctx.alert.status != "resolved":
+            return None
+        causes = self.state.firing.holding(ctx.node_name, hold, besides=ctx.alert.fingerprint)
+        if not causes:
+            return None
+        names = ", ".join(sorted({f"{c.alertname} (rule {c.rule})" for c in causes}))
+        return _Result(
+            "deferred",
+            f"{hold} still held by alert(s) firing on this node: {names}; released when none is left",
+            gate="hold",
+        )
+
     def _draining(self, ctx: _Context, node: str) -> _Result | None:
         """Reversals wait for nothing and undo nothing while the node drains: a drain is never reversed."""
         if ctx.dry_run or node not in self._drains:
             return None
         return _Result("skipped", "a drain of this node is running; accel-health never reverses a drain")
 
-    async def _uncordon(self, ctx: _Context, node: Node) -> _Result:
+    def _forget_cordon(self, ctx: _Context, node: str, why: str) -> _Result:
+        self.state.ownership.cordoned.pop(node, None)
+        self._maybe_release(ctx, node)
+        self._dirty = True
+        return _Result("skipped", why)
+
+    def _uncordon_moot(self, ctx: _Context, node: Node) -> _Result | None:
+        """Why there is nothing to uncordon (or not now), or None."""
         if (draining := self._draining(ctx, node.name)) is not None:
             return draining
+        if (held := self._held_by_others(ctx, "cordon")) is not None:
+            return held
         own = self.state.ownership
         if node.name not in own.cordoned:
             return _Result("skipped", "not cordoned by accel-health; left as it is")
         if own.cordoned[node.name] and not ctx.dry_run:
             return _Result("skipped", "the cordon was only planned (dry-run); nothing to undo")
         if not own.cordoned[node.name] and not node.unschedulable:
-            own.cordoned.pop(node.name, None)
-            self._maybe_release(ctx, node.name)
-            self._dirty = True
-            return _Result("skipped", "someone already uncordoned it")
+            return self._forget_cordon(ctx, node.name, "someone already uncordoned it")
+        return None
+
+    async def _uncordon(self, ctx: _Context, node: Node) -> _Result:
+        if (moot := self._uncordon_moot(ctx, node)) is not None:
+            return moot
+        own = self.state.ownership
         if (held := await self._gates(ctx, "uncordon", node.name)) is not None:
             return held
-        if not ctx.dry_run:
-            await self._cluster.uncordon(node.name)
+        if not ctx.dry_run and not await self._cluster.uncordon(node.name):
+            why = "the cordon was changed by someone else since; left as it is"
+            return self._forget_cordon(ctx, node.name, why)
         if self._counts(ctx):
             own.cordoned.pop(node.name, None)
             self._commit(ctx, "uncordon", node.name)
@@ -990,6 +1073,8 @@ class Engine:
     async def _untaint(self, ctx: _Context, node: Node, action: RemoveTaint) -> _Result:
         if (draining := self._draining(ctx, node.name)) is not None:
             return draining
+        if (held := self._held_by_others(ctx, f"taint:{action.key}")) is not None:
+            return held
         own = self.state.ownership
         ours = [
             t
@@ -1052,9 +1137,8 @@ class Engine:
         )
         details: dict[str, Any] = dict(plan.details())
         if not node.unschedulable and node.name not in self.state.ownership.cordoned:
-            if not ctx.dry_run:
-                await self._cluster.cordon(node.name)  # kubectl drain cordons first
-            if self._counts(ctx):
+            mine = ctx.dry_run or await self._cluster.cordon(node.name)  # kubectl drain cordons first
+            if self._counts(ctx) and mine:
                 self.state.ownership.add_cordon(node.name, dry_run=ctx.dry_run)
         self._commit(ctx, "drain", node.name, rate=not again)
         if ctx.dry_run:
@@ -1130,7 +1214,9 @@ class Engine:
         final: bool,
     ) -> None:
         """Record how the drain ended for one alert, then decide that alert's later actions."""
-        result, reason, refused, details = _drain_end(outcome, error, final=final)
+        action = waiter.rule.actions[waiter.index]
+        proceed = isinstance(action, Drain) and action.on_timeout == "proceed"
+        result, reason, refused, details = _drain_end(outcome, error, final=final, proceed=proceed)
         if final:
             self.state.decided.add(waiter.key)
             self._dirty = True
@@ -1200,6 +1286,8 @@ class Engine:
         message = ctx.alert.annotations.get("summary") or f"{alertname} is {ctx.alert.status}"
         cond = NodeCondition(type=action.condition_type, status=status, reason=alertname, message=message)
         text = f"{cond.type}={cond.status} (reason {cond.reason})"
+        if (held := self._held_by_others(ctx, f"condition:{cond.type}")) is not None:
+            return held
         if any(
             c.type == cond.type and c.status == cond.status and c.reason == cond.reason
             for c in node.conditions
@@ -1246,8 +1334,13 @@ class Engine:
             return _Result("skipped", f"{instance} already marked Unhealthy by accel-health")
         if (held := await self._gates(ctx, "aws_set_unhealthy", node.name)) is not None:
             return held
-        if not ctx.dry_run:
-            await self._aws.set_unhealthy(instance)
+        if not ctx.dry_run and not await self._aws.set_unhealthy(instance):
+            return _Result(
+                "skipped",
+                f"{instance} is in no Auto Scaling group (Karpenter or self-managed node): nothing "
+                "marked, nothing replaces it; a human decides",
+                details={"instance_id": instance},
+            )
         self._commit(ctx, "aws_set_unhealthy", node.name)
         text = f"{instance} Unhealthy in its Auto Scaling group (no grace period): it gets replaced"
         return self._done(
@@ -1273,7 +1366,7 @@ class Engine:
 
 
 def _drain_end(
-    outcome: DrainOutcome | None, error: str, *, final: bool
+    outcome: DrainOutcome | None, error: str, *, final: bool, proceed: bool
 ) -> tuple[Outcome, str, str | None, dict[str, Any]]:
     """(outcome, reason, why later disruptive actions are refused, details) of a drain's end."""
     if outcome is None:
@@ -1290,17 +1383,27 @@ def _drain_end(
     reason = outcome.summary() + (" (resumed a drain started earlier)" if outcome.resumed else "")
     if outcome.completed:
         return "done", reason, None, details
-    if outcome.timed_out:
+    if outcome.timed_out and proceed:
         return (
             "failed",
-            reason + "; the deadline passed: the drain ended, so the actions after it run",
+            reason + "; the deadline passed and the rule says on_timeout: proceed, so the actions after "
+            "it run",
             None,
             details,
         )
+    if outcome.timed_out:
+        return (
+            "failed",
+            reason + "; the deadline passed with pods left: the actions after it do not run "
+            "(on_timeout: stop); a human decides",
+            "the drain timed out with pods left (a PodDisruptionBudget or a pod that would not go)",
+            details,
+        )
+    why = "; ".join(sorted({b.reason for b in outcome.blocked})) or "refused"
     return (
         "failed",
-        reason + "; pods need a permission the policy does not give",
-        "the drain was refused (pods need a permission the policy does not give)",
+        reason + "; the drain was refused, not retried",
+        f"the drain was refused ({why})",
         details,
     )
 

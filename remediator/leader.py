@@ -1,9 +1,13 @@
 """One active replica: leader election on a coordination.k8s.io Lease (kubernetes.aio.leaderelection).
 
-Only the leader acts. `install(app, elector)` wires the election into the aiohttp service: the
-elector runs for the application's lifetime, `/readyz` answers 200 only while this replica leads
-(so the Service sends Alertmanager's deliveries to the leader), and a non-leader answers `/alerts`
-with 503 so that Alertmanager retries. The executors ask `elector.is_leader` before every write, so
+Only the leader acts. `install(app, elector, replica=engine)` wires the election into the aiohttp
+service: the elector runs for the application's lifetime; a replica that becomes leader reads the
+gate state again (`replica.became_leader()`, then `replica.sync()`) and `/readyz` answers 200 only
+once that is done and while it leads (so the Service sends Alertmanager's deliveries to the leader).
+A follower serves nothing that shows or changes the gates: `/alerts`, `/actions`, `/state`,
+`/pause` and `/resume` answer 503 naming the leader (a follower's log and gates are stale, and a
+pause set in its memory would act nowhere); the operator asks again (the Service routes to the
+leader). The executors ask `elector.is_leader` before every write, so
 a leader that loses its Lease mid-drain stops at the next request, and the new leader resumes the
 drain from the node's annotations.
 
@@ -24,7 +28,7 @@ import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -113,6 +117,7 @@ class LeaderElector:
         """The client the election uses (owned by the caller, who closes it)."""
         self._leader = False
         self._listeners: list[Callable[[bool], None]] = []
+        self._election: _LeaderElection | None = None
         self.transitions = 0
         """How many times this replica became leader."""
 
@@ -120,6 +125,15 @@ class LeaderElector:
     def is_leader(self) -> bool:
         """True while this replica holds the Lease."""
         return self._leader
+
+    @property
+    def leader_identity(self) -> str | None:
+        """The holder of the Lease as last observed (this replica's identity while it leads)."""
+        if self._leader:
+            return self.settings.identity
+        record = self._election.observed_record if self._election is not None else None
+        holder = getattr(record, "holder_identity", None)
+        return str(holder) if holder else None
 
     def subscribe(self, listener: Callable[[bool], None]) -> None:
         """Call `listener(is_leader)` on every change."""
@@ -160,8 +174,9 @@ class LeaderElector:
                 onstarted_leading=self._started,
                 onstopped_leading=self._stopped,
             )
+            self._election = _LeaderElection(config)
             try:
-                await _LeaderElection(config).run()
+                await self._election.run()
             except (aiohttp.ClientError, TimeoutError, k8s.ApiException) as exc:
                 # The library handles API errors answered by the server; a dropped connection
                 # escapes it. Either way this replica must not act until it holds the Lease again.
@@ -303,7 +318,38 @@ class _LeaseLock(LeaseLock):
         return None
 
 
+class Replica(Protocol):
+    """What a replica does around leadership (the engine)."""
+
+    def became_leader(self) -> None:
+        """What was read before may be stale."""
+
+    @property
+    def synced(self) -> bool:
+        """Read again since it became leader."""
+
+    async def sync(self) -> None:
+        """Read again now."""
+
+
+class _Synced:
+    """No replica state to rebuild (tests of the election alone)."""
+
+    def became_leader(self) -> None:
+        return None
+
+    @property
+    def synced(self) -> bool:
+        return True
+
+    async def sync(self) -> None:
+        return None
+
+
 ELECTOR = web.AppKey("leader_elector", LeaderElector)
+REPLICA = web.AppKey("leader_replica", Replica)
+LEADER_ONLY = frozenset({"/alerts", "/actions", "/state", "/pause", "/resume"})
+"""Paths only the leader serves: a follower's view is stale and its switches act nowhere."""
 
 
 @web.middleware
@@ -311,21 +357,49 @@ async def _leader_only(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     elector = request.app[ELECTOR]
+    replica = request.app[REPLICA]
     if elector.is_leader:
+        if request.path == "/readyz" and not replica.synced:
+            return web.Response(text="not ready: leader, reading the gate state\n", status=503)
         return await handler(request)
     if request.path == "/readyz":
         return web.Response(text="not ready: not the leader\n", status=503)
-    if request.path == "/alerts" and request.method == "POST":
+    if request.path in LEADER_ONLY:
         return web.json_response(
-            {"error": "this replica is not the leader; retry (the Service routes to the leader)"}, status=503
+            {
+                "error": "this replica is not the leader: it neither decides nor serves the gates; "
+                "retry (the Service routes to the leader)",
+                "leader": elector.leader_identity,
+            },
+            status=503,
+            headers={"Retry-After": "2"},
         )
     return await handler(request)
 
 
-def install(app: web.Application, elector: LeaderElector) -> None:
-    """Run `elector` for the application's lifetime and gate /readyz and /alerts on leadership."""
+def install(app: web.Application, elector: LeaderElector, *, replica: Replica | None = None) -> None:
+    """Run `elector` for the application's lifetime; gate /readyz and the leader-only paths on
+    leadership, and have `replica` read its state again each time this replica becomes leader."""
     app[ELECTOR] = elector
+    app[REPLICA] = replica if replica is not None else _Synced()
     app.middlewares.append(_leader_only)
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def resync() -> None:
+        try:
+            await app[REPLICA].sync()
+        except Exception:  # the next delivery reads it again; /readyz stays 503 until then
+            logger.exception("reading the gate state after becoming leader failed")
+
+    def on_change(leading: bool) -> None:
+        if not leading:
+            return
+        app[REPLICA].became_leader()
+        task = asyncio.get_running_loop().create_task(resync(), name="resync-after-election")
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    elector.subscribe(on_change)
 
     async def campaign(app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(elector.run(), name="leader-election")
@@ -333,6 +407,9 @@ def install(app: web.Application, elector: LeaderElector) -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        for pending in list(tasks):
+            pending.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await elector.release()
 
     app.cleanup_ctx.append(campaign)

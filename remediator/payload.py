@@ -112,11 +112,15 @@ def _alert(raw: Any, index: int) -> Alert:
         raise PayloadError(f'{where}status: expected "firing" or "resolved", got {status!r}')
     labels = _string_map(raw, "labels", where, required=True)
     fingerprint = _string(raw, "fingerprint", where) or _fingerprint(labels)
+    starts_at = _string(raw, "startsAt", where)
+    if not starts_at:
+        # Part of the idempotency key: without it every episode of the alert would share one key.
+        raise PayloadError(f"{where}startsAt: required field is missing (Alertmanager always sends it)")
     return Alert(
         status=status,
         labels=labels,
         annotations=_string_map(raw, "annotations", where),
-        starts_at=_string(raw, "startsAt", where),
+        starts_at=starts_at,
         ends_at=_string(raw, "endsAt", where),
         generator_url=_string(raw, "generatorURL", where),
         fingerprint=fingerprint,
@@ -132,11 +136,14 @@ def parse_payload(doc: Any) -> WebhookPayload:
     raw_alerts = doc["alerts"]
     if not isinstance(raw_alerts, list):
         raise PayloadError(f"alerts: expected an array, got {_type_name(raw_alerts)}")
+    version = _string(doc, "version", "", default="4")
+    if version != "4":
+        raise PayloadError(f'version: expected "4" (Alertmanager webhook v4), got {version!r}')
     truncated = doc.get("truncatedAlerts", 0)
     if not isinstance(truncated, int) or isinstance(truncated, bool):
         raise PayloadError(f"truncatedAlerts: expected an integer, got {_type_name(truncated)}")
     return WebhookPayload(
-        version=_string(doc, "version", "", default="4"),
+        version=version,
         group_key=_string(doc, "groupKey", ""),
         truncated_alerts=truncated,
         status=_string(doc, "status", ""),

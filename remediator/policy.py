@@ -147,6 +147,12 @@ class Drain:
     """Allow evicting pods whose emptyDir data would be lost."""
     force_bare_pods: bool = False
     """Allow evicting pods that no controller would recreate."""
+    on_timeout: str = "stop"
+    """What the actions after the drain do when its deadline passes with pods left (a
+    PodDisruptionBudget still refusing, pods still terminating): `stop` (default) skips the later
+    disruptive actions, so nothing replaces a node whose protected pods are still on it, and a human
+    decides; `proceed` runs them anyway (the rule's explicit choice). A refused drain (pods that need
+    a permission, an eviction answered 403 or denied by admission) always stops."""
 
 
 @dataclass(frozen=True)
@@ -300,10 +306,24 @@ _ACTION_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "grace_period_seconds": int,
         "delete_emptydir_data": bool,
         "force_bare_pods": bool,
+        "on_timeout": str,
     },
     "condition": {"condition_type": str, "status": str},
     "cloudwatch_metric": {"namespace": str, "metric_name": str},
 }
+
+
+def _value_problem(key: str, value: Any, where: str) -> str | None:
+    """What is wrong with an action field's value (its type being right), or None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+        return f"{where}.{key}: must not be negative, got {value}"
+    if key == "effect" and value not in _TAINT_EFFECTS:
+        return f"{where}.effect: expected one of {', '.join(_TAINT_EFFECTS)}, got {value!r}"
+    if key == "on_timeout" and value not in ("stop", "proceed"):
+        return f'{where}.on_timeout: expected "stop" or "proceed", got {value!r}'
+    if key == "status" and value not in ("True", "False", "Unknown"):
+        return f'{where}.status: expected "True", "False" or "Unknown", got {value!r}'
+    return None
 
 
 def _parse_action(raw: Any, where: str, problems: list[str]) -> Action | None:
@@ -329,13 +349,7 @@ def _parse_action(raw: Any, where: str, problems: list[str]) -> Action | None:
             problems.append(f"{where}.{key}: unknown field for action {kind} (known: {known})")
             ok = False
             continue
-        problem = _field_problem(value, fields[key], f"{where}.{key}")
-        if problem is None and isinstance(value, int) and not isinstance(value, bool) and value < 0:
-            problem = f"{where}.{key}: must not be negative, got {value}"
-        if problem is None and key == "effect" and value not in _TAINT_EFFECTS:
-            problem = f"{where}.effect: expected one of {', '.join(_TAINT_EFFECTS)}, got {value!r}"
-        if problem is None and key == "status" and value not in ("True", "False", "Unknown"):
-            problem = f'{where}.status: expected "True", "False" or "Unknown", got {value!r}'
+        problem = _field_problem(value, fields[key], f"{where}.{key}") or _value_problem(key, value, where)
         if problem is not None:
             problems.append(problem)
             ok = False
@@ -457,6 +471,7 @@ _SAFETY_FIELDS = (
     "opt_out_label",
     "rate_limits",
     "storm_breaker",
+    "alert_expiry_seconds",
 )
 
 
@@ -472,11 +487,12 @@ def _parse_safety(raw: Any, problems: list[str]) -> SafetySettings:
         name = f"safety.{key}"
         if key == "max_disrupted_nodes":
             kwargs[key] = _count(value, name, problems)
-        elif key == "max_disrupted_percent":
-            percent = _number(value, name, problems)
-            if percent is not None and percent > 100:
+        elif key in ("max_disrupted_percent", "alert_expiry_seconds"):
+            percent = key == "max_disrupted_percent"
+            number = _number(value, name, problems, minimum=0.0 if percent else 60.0)
+            if percent and number is not None and number > 100:
                 problems.append(f"{name}: must be at most 100, got {value}")
-            kwargs[key] = percent
+            kwargs[key] = number
         elif key == "opt_out_label":
             problem = _field_problem(value, str, name)
             if problem is None and not value:

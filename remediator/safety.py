@@ -3,10 +3,11 @@
 The gates, in the order the engine asks them:
 
 - `PauseSwitch`: a global stop, switched over HTTP (`POST /pause`, `POST /resume`) or at start-up.
-- `StormBreaker`: when more than X% of the eligible nodes alert within a window, stop acting until
-  the alerting fraction has stayed below the threshold for a cooldown; it resets by itself.
+- `StormBreaker`: when more than X% of the eligible nodes have a fault firing now, stop acting until
+  that fraction has stayed below the threshold for a cooldown; it resets by itself.
 - `RateLimiter`: at most N actions of a kind per sliding window.
-- `DisruptionBudget`: at most N nodes, or P% of the eligible nodes, disrupted by this service at once.
+- `DisruptionBudget`: at most N nodes, or P% of the eligible nodes, disrupted at once: the nodes this
+  service holds plus the eligible nodes already unschedulable or NotReady for other reasons.
 
 Every gate can write its state to and read it from a JSON-able mapping (remediator/state.py puts
 them together into the document the cluster keeps), so budgets and the breaker survive restarts.
@@ -53,8 +54,8 @@ class StormSettings:
     """...and at least this many nodes alert: in a 4-node cluster one broken node is 25%, which is
     a fault, not a storm. Default 3."""
     window_seconds: float = 600.0
-    """A node counts as alerting for this long after the last firing alert naming it arrived (resends
-    refresh it; a resolved alert removes it). Default 10 minutes."""
+    """No longer used (kept so that older policies load): the breaker counts the faults firing now,
+    each kept until it resolves or until `safety.alert_expiry_seconds` pass without a delivery."""
     cooldown_seconds: float = 900.0
     """After a trip, the fraction must stay below the threshold this long before the breaker closes by
     itself. Default 15 minutes."""
@@ -77,6 +78,11 @@ class SafetySettings:
     """Per action type (cordon, drain, ...): at most N per window. Default: none."""
     storm_breaker: StormSettings = field(default_factory=StormSettings)
     """The storm breaker."""
+    alert_expiry_seconds: float = 4 * 3600.0 + 600.0
+    """A firing alert counts as firing (holds its node, counts for the breaker) until a delivery says
+    it resolved, or until this long passes without a delivery of it. Set it above the longest
+    repeat_interval of the Alertmanager routes to this service. Default 4 h 10 min (Alertmanager's
+    default repeat_interval is 4 h)."""
 
 
 @dataclass(frozen=True)
@@ -104,9 +110,24 @@ def protected_reason(node: Node, settings: SafetySettings) -> str | None:
     return None
 
 
+def eligible(node: Node, settings: SafetySettings) -> bool:
+    """An accelerator node the service may act on: counted by the budget's percentage and the
+    breaker (CPU-only nodes, control-plane and opted-out nodes are not)."""
+    return node.has_accelerators and protected_reason(node, settings) is None
+
+
 def eligible_count(nodes: Iterable[Node], settings: SafetySettings) -> int:
     """Nodes the service may act on at all: the denominator of percentages."""
-    return sum(1 for n in nodes if protected_reason(n, settings) is None)
+    return sum(1 for n in nodes if eligible(n, settings))
+
+
+def disrupted_reason(node: Node) -> str | None:
+    """Why a node is out of service now whoever did it (cordoned, NotReady), or None."""
+    if node.unschedulable:
+        return "unschedulable"
+    if not node.ready:
+        return "NotReady"
+    return None
 
 
 def _float(doc: Mapping[str, Any], key: str, default: float | None = None) -> float:
@@ -173,11 +194,14 @@ class PauseSwitch:
 
 
 class StormBreaker:
-    """Opens when too many eligible nodes alert at once; closes by itself after a calm cooldown.
+    """Opens when too many eligible nodes have faults firing at once; closes by itself after a calm
+    cooldown.
 
-    `observe_firing` / `observe_resolved` feed it every alert that would lead to an action; `evaluate`
-    (called on every delivery, every check and every metrics scrape) moves it between closed and open.
-    While open, every action for a firing alert is deferred (gate "breaker").
+    It counts faults, not deliveries: `evaluate(eligible=..., alerting=...)` is given the eligible
+    nodes with an alert firing now (remediator/desired.py keeps those until they resolve or expire),
+    so a storm that keeps firing keeps the breaker open however rarely Alertmanager resends. It is
+    evaluated on every delivery, every check and every metrics scrape. While open, every action for a
+    firing alert is deferred (gate "breaker").
     """
 
     name = "breaker"
@@ -185,62 +209,30 @@ class StormBreaker:
     def __init__(self, *, settings: StormSettings, clock: Clock) -> None:
         self.settings = settings
         self._clock = clock
-        self._alerting: dict[str, dict[str, float]] = {}  # node -> fingerprint -> last seen
-        self._next_expiry = math.inf  # no entry is older than this: pruning before it finds nothing
         self.open = False
         self.opened_at = 0.0
         self.below_since: float | None = None
         self.trips = 0
         self.eligible = 0
         """Eligible nodes at the last evaluation."""
-
-    def observe_firing(self, node: str, fingerprint: str) -> None:
-        now = self._clock()
-        self._alerting.setdefault(node, {})[fingerprint] = now
-        self._next_expiry = min(self._next_expiry, now)
-
-    def observe_resolved(self, node: str, fingerprint: str) -> bool:
-        """Forget a resolved alert; True when it was counted."""
-        seen = self._alerting.get(node)
-        if seen is None or seen.pop(fingerprint, None) is None:
-            return False
-        if not seen:
-            del self._alerting[node]
-        return True
-
-    def _prune(self, now: float) -> None:
-        horizon = now - self.settings.window_seconds
-        if self._next_expiry > horizon:
-            return  # nothing can have expired: keeps a 1,000-alert delivery linear
-        oldest = math.inf
-        for node in list(self._alerting):
-            seen = {fp: t for fp, t in self._alerting[node].items() if t > horizon}
-            if seen:
-                self._alerting[node] = seen
-                oldest = min(oldest, *seen.values())
-            else:
-                del self._alerting[node]
-        self._next_expiry = oldest
-
-    @property
-    def alerting(self) -> int:
-        """Nodes alerting within the window (as of the last evaluation)."""
-        return len(self._alerting)
+        self.alerting = 0
+        """Eligible nodes with a fault firing now, at the last evaluation."""
 
     def _above(self) -> bool:
-        count = len(self._alerting)
+        count = self.alerting
         return count >= self.settings.min_nodes and count * 100 > self.settings.threshold_percent * max(
             self.eligible, 0
         )
 
-    def evaluate(self, eligible: int | None = None) -> bool:
+    def evaluate(self, eligible: int | None = None, alerting: int | None = None) -> bool:
         """Update the state; True when it changed (opened or closed)."""
+        if eligible is not None:
+            self.eligible = eligible
+        if alerting is not None:
+            self.alerting = alerting
         if not self.settings.enabled:
             return False
         now = self._clock()
-        if eligible is not None:
-            self.eligible = eligible
-        self._prune(now)
         if self._above():
             self.below_since = None
             if not self.open:
@@ -248,11 +240,10 @@ class StormBreaker:
                 self.opened_at = now
                 self.trips += 1
                 logger.error(
-                    "STORM BREAKER OPEN: %d of %d eligible nodes alerted within %.0fs (threshold %g%%); "
+                    "STORM BREAKER OPEN: %d of %d eligible nodes have a fault firing (threshold %g%%); "
                     "no action runs until the fraction stays below the threshold for %.0fs",
                     self.alerting,
                     self.eligible,
-                    self.settings.window_seconds,
                     self.settings.threshold_percent,
                     self.settings.cooldown_seconds,
                 )
@@ -266,7 +257,7 @@ class StormBreaker:
             self.open = False
             self.below_since = None
             logger.warning(
-                "storm breaker closed: alerting fraction below %g%% for %.0fs; acting again",
+                "storm breaker closed: fraction of nodes with faults below %g%% for %.0fs; acting again",
                 self.settings.threshold_percent,
                 self.settings.cooldown_seconds,
             )
@@ -277,9 +268,9 @@ class StormBreaker:
         share = 100.0 * self.alerting / self.eligible if self.eligible else 0.0
         state = "OPEN" if self.open else "closed"
         text = (
-            f"storm breaker {state}: {self.alerting} of {self.eligible} eligible nodes alerting within "
-            f"{self.settings.window_seconds:.0f}s ({share:.0f}%; opens above "
-            f"{self.settings.threshold_percent:g}% and at least {self.settings.min_nodes} nodes)"
+            f"storm breaker {state}: {self.alerting} of {self.eligible} eligible nodes with a fault "
+            f"firing now ({share:.0f}%; opens above {self.settings.threshold_percent:g}% and at least "
+            f"{self.settings.min_nodes} nodes)"
         )
         if self.open:
             now = self._clock()
@@ -294,7 +285,7 @@ class StormBreaker:
         self.evaluate()
         if not self.open:
             return Verdict(True, self.name, self.describe())
-        return Verdict(False, self.name, self.describe() + "; re-evaluated when Alertmanager resends")
+        return Verdict(False, self.name, self.describe() + "; re-evaluated with every delivery")
 
     def to_state(self) -> dict[str, Any]:
         return {
@@ -303,33 +294,27 @@ class StormBreaker:
             "below_since": self.below_since,
             "trips": self.trips,
             "eligible": self.eligible,
-            "alerting": {node: dict(seen) for node, seen in self._alerting.items()},
+            "alerting": self.alerting,
         }
 
     def load_state(self, doc: Mapping[str, Any]) -> None:
         is_open = doc.get("open", False)
         if not isinstance(is_open, bool):
             raise ValueError(f"open: expected true or false, got {is_open!r}")
-        alerting = doc.get("alerting", {})
-        if not isinstance(alerting, Mapping):
-            raise ValueError("alerting: expected a mapping of node -> fingerprint -> time")
-        loaded: dict[str, dict[str, float]] = {}
-        for node, seen in alerting.items():
-            if not isinstance(seen, Mapping):
-                raise ValueError(f"alerting.{node}: expected a mapping of fingerprint -> time")
-            loaded[str(node)] = {str(fp): _float(seen, fp) for fp in seen}
+        alerting = doc.get("alerting", 0)
+        if isinstance(alerting, Mapping):  # written by an older release: node -> deliveries
+            alerting = len(alerting)
         trips = doc.get("trips", 0)
         eligible = doc.get("eligible", 0)
-        if not isinstance(trips, int) or not isinstance(eligible, int):
-            raise ValueError("trips and eligible: expected integers")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (trips, eligible, alerting)):
+            raise ValueError("trips, eligible and alerting: expected integers")
         self.open = is_open
         self.opened_at = _float(doc, "opened_at", 0.0)
         below = doc.get("below_since")
         self.below_since = None if below is None else _float(doc, "below_since")
         self.trips = trips
         self.eligible = eligible
-        self._alerting = loaded
-        self._next_expiry = min((t for seen in loaded.values() for t in seen.values()), default=math.inf)
+        self.alerting = alerting
 
 
 # -- rate limits -------------------------------------------------------------------------------
@@ -383,6 +368,12 @@ class RateLimiter:
     def to_state(self) -> dict[str, Any]:
         return {kind: list(self._prune(kind)) for kind in self._limits}
 
+    def merge(self, other: RateLimiter) -> None:
+        """Add the actions `other` counted that this one lacks."""
+        for kind, times in other._times.items():
+            if kind in self._times:
+                self._times[kind] = deque(sorted(set(self._times[kind]) | set(times)))
+
     def load_state(self, doc: Mapping[str, Any]) -> None:
         for kind, times in doc.items():
             if kind not in self._limits:
@@ -419,11 +410,22 @@ class DisruptionBudget:
         self._holds: dict[str, Hold] = {}
         self.eligible: int | None = None
         """Eligible nodes, set by the engine before it checks (needed only for max_percent)."""
+        self.others: dict[str, str] = {}
+        """Eligible nodes out of service for other reasons (node -> unschedulable or NotReady), as
+        last observed: they count against the budget too, as MHC's maxUnhealthy counts them."""
+
+    def observe(self, nodes: Iterable[Node], settings: SafetySettings) -> None:
+        """Take the eligible nodes and those already out of service from the cluster as it is now."""
+        listed = [n for n in nodes if eligible(n, settings)]
+        self.eligible = len(listed)
+        self.others = {
+            n.name: why for n in listed if n.name not in self._holds and (why := disrupted_reason(n))
+        }
 
     @property
     def in_use(self) -> int:
-        """Nodes currently counted."""
-        return len(self._holds)
+        """Nodes counted now: ours, plus the eligible nodes already out of service."""
+        return len(self._holds) + len(set(self.others) - set(self._holds))
 
     @property
     def capacity(self) -> int:
@@ -446,7 +448,7 @@ class DisruptionBudget:
         return node in self._holds
 
     def check(self, node: str) -> Verdict:
-        if node in self._holds:
+        if node in self._holds or node in self.others:
             return Verdict(
                 True,
                 self.name,
@@ -457,11 +459,15 @@ class DisruptionBudget:
                 True, self.name, f"{self.in_use + 1} of {self._limit_text()} nodes in use after this one"
             )
         now = self._clock()
-        held = ", ".join(f"{n} for {now - h.since:.0f}s" for n, h in sorted(self._holds.items()))
+        held = ", ".join(
+            [f"{n} for {now - h.since:.0f}s" for n, h in sorted(self._holds.items())]
+            + [f"{n} {why}" for n, why in sorted(self.others.items()) if n not in self._holds]
+        )
         return Verdict(
             False,
             self.name,
-            f"disruption budget exhausted: {self.in_use} of {self._limit_text()} nodes already disrupted"
+            f"disruption budget exhausted: {self.in_use} of {self._limit_text()} nodes already out of "
+            "service"
             f"{f' ({held})' if held else ''}; re-evaluated when Alertmanager resends",
         )
 
@@ -469,6 +475,7 @@ class DisruptionBudget:
         hold = self._holds.get(node)
         if hold is None:
             hold = self._holds[node] = Hold(since=self._clock(), dry_run=dry_run)
+            self.others.pop(node, None)
         elif hold.dry_run and not dry_run:
             hold.dry_run = False
         hold.kinds.add(kind)

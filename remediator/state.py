@@ -2,7 +2,9 @@
 
 One JSON document, kept in the cluster through `Cluster.load_gate_state` / `Cluster.save_gate_state`
 (the snapshot backend keeps it in memory; the Kubernetes executor keeps it in a small object), read
-back at start-up and written after every delivery that changed it:
+read back by a replica each time it becomes the leader, and written after every delivery that
+changed it, with the resourceVersion it was read at as a precondition (a conflict means another
+writer was there: read again, merge, write again):
 
     {"version": 1,
      "pause":       {"paused": false, "since": 0, "reason": ""},
@@ -13,7 +15,9 @@ back at start-up and written after every delivery that changed it:
      "cordoned":    ["gpu-node-1"],
      "tainted":     {"gpu-node-2": [{"key": "accel-health.io/unhealthy", "value": "true",
                                      "effect": "NoSchedule"}]},
-     "decided":     ["9f86d081884c7d65", ...]}
+     "decided":     ["9f86d081884c7d65", ...],
+     "firing":      {"gpu-node-1": {"<fingerprint>": {"alertname": "...", "rule": "drain",
+                                                      "holds": ["cordon"], "expires": 1732327800.0}}}}
 
 Decisions taken in dry-run are remembered in memory only: they never reach the document, so a dry-run
 service writes nothing and a dry-run rule never uses up the real budget.
@@ -27,6 +31,7 @@ from collections.abc import Hashable, Mapping
 from typing import Any
 
 from remediator.cluster import Taint
+from remediator.desired import FiringSet
 from remediator.safety import (
     Clock,
     DisruptionBudget,
@@ -158,6 +163,10 @@ class GateState:
         )
         self.ownership = Ownership()
         self.decided = DecidedKeys()
+        self.firing = FiringSet(clock=clock, expiry_seconds=settings.alert_expiry_seconds)
+        self.drains: dict[str, list[dict[str, Any]]] = {}
+        """Node -> the alerts (webhook documents) its running drain was started for, so that a new
+        leader resumes the drains the previous one left running."""
 
     def to_document(self) -> dict[str, Any]:
         cordoned, tainted = self.ownership.to_state()
@@ -170,6 +179,8 @@ class GateState:
             "cordoned": cordoned,
             "tainted": tainted,
             "decided": self.decided.persisted(),
+            "firing": self.firing.to_state(),
+            "drains": {node: list(alerts) for node, alerts in self.drains.items()},
         }
 
     def load_document(self, doc: Any) -> None:
@@ -198,3 +209,38 @@ class GateState:
         if not isinstance(decided, list):
             raise StateError("decided: expected a list")
         self.decided.load(decided)
+        firing = doc.get("firing", {})
+        if not isinstance(firing, Mapping):
+            raise StateError("firing: expected a mapping of node -> fingerprint -> cause")
+        try:
+            self.firing.load_state(firing)
+        except ValueError as exc:
+            raise StateError(f"firing.{exc}") from exc
+        drains = doc.get("drains", {})
+        if not isinstance(drains, Mapping) or not all(
+            isinstance(alerts, list) and all(isinstance(a, Mapping) for a in alerts)
+            for alerts in drains.values()
+        ):
+            raise StateError("drains: expected a mapping of node to a list of alerts")
+        self.drains = {str(node): [dict(a) for a in alerts] for node, alerts in drains.items()}
+
+    def merge_unsaved(self, mine: GateState) -> None:
+        """This state was just read back after another writer changed the stored document since
+        `mine` was read: keep everything the other writer stored (pause, breaker), and add what
+        `mine` knows that it lacks (nodes held, ownership, decided keys, rate-limited actions,
+        firing alerts), so that neither writer's actions are forgotten."""
+        for node, hold in mine.budget.holders().items():
+            if not hold.dry_run:
+                for kind in hold.kinds:
+                    self.budget.commit(node, kind=kind, dry_run=False)
+        for node, dry in mine.ownership.cordoned.items():
+            if not dry:
+                self.ownership.add_cordon(node, dry_run=False)
+        for node in list(mine.ownership.tainted):
+            for taint in mine.ownership.our_taints(node):
+                self.ownership.add_taint(node, taint, dry_run=False)
+        self.decided.load(mine.decided.persisted())
+        self.rate.merge(mine.rate)
+        self.firing.merge(mine.firing)
+        for node, alerts in mine.drains.items():
+            self.drains.setdefault(node, alerts)

@@ -6,10 +6,13 @@ exponential backoff with jitter, retry quota) or `adaptive` (the same plus clien
 limiting after throttling); both retry throttling codes (`Throttling`, `ThrottlingException`,
 `RequestLimitExceeded`, …) and 5xx answers such as Auto Scaling's `ResourceContention` (HTTP 500).
 When they are spent, or the endpoint cannot be reached, `BackendUnavailable` is raised: the webhook
-answers 503 and Alertmanager redelivers later.
+answers 503 and Alertmanager redelivers later. A refusal that retrying cannot fix (AccessDenied,
+ValidationError, any other 4xx but throttling) raises `AwsRefused`: the engine records the action
+as failed, and the delivery is answered 200 (no retry loop).
 
 - `set_unhealthy` first checks membership with DescribeAutoScalingInstances (an instance that is in
-  no Auto Scaling group cannot be marked; that is logged and counted, not retried), then calls
+  no Auto Scaling group cannot be marked: False is returned, and the engine records that nothing
+  will replace it; a Karpenter or self-managed node), then calls
   SetInstanceHealth(Unhealthy) with `ShouldRespectGracePeriod` as configured (default False: a node
   with a broken accelerator is replaced even during the group's health-check grace period).
 - `put_metric` / `put_metrics` call PutMetricData, split into requests within the API's limits
@@ -34,6 +37,16 @@ import botocore.exceptions
 from remediator.cluster import BackendUnavailable
 
 logger = logging.getLogger("remediator.aws")
+
+THROTTLING_CODES = frozenset(
+    {"Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequestsException", "SlowDown"}
+)
+"""4xx codes that are worth retrying later (botocore retried them already)."""
+
+
+class AwsRefused(RuntimeError):
+    """AWS refused the call and retrying will not help (AccessDenied, ValidationError, ...)."""
+
 
 DESCRIBE_BATCH = 50
 """DescribeAutoScalingInstances takes at most 50 instance ids."""
@@ -117,10 +130,12 @@ class AwsExecutor:
         except botocore.exceptions.ClientError as exc:
             err = exc.response.get("Error", {})
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            self._observe(what, str(err.get("Code") or status))
-            raise BackendUnavailable(
-                f"AWS {what}: {err.get('Code', 'error')} (HTTP {status}): {err.get('Message', exc)}"
-            ) from exc
+            code = str(err.get("Code") or status)
+            self._observe(what, code)
+            text = f"AWS {what}: {err.get('Code', 'error')} (HTTP {status}): {err.get('Message', exc)}"
+            if isinstance(status, int) and 400 <= status < 500 and code not in THROTTLING_CODES:
+                raise AwsRefused(text) from exc
+            raise BackendUnavailable(text) from exc
         except (botocore.exceptions.BotoCoreError, OSError) as exc:
             self._observe(what, type(exc).__name__)
             raise BackendUnavailable(f"AWS {what}: {exc}") from exc
@@ -156,14 +171,15 @@ class AwsExecutor:
                     break
         return found
 
-    async def set_unhealthy(self, instance_id: str) -> None:
-        """Mark the instance Unhealthy in its Auto Scaling group, which then replaces it."""
+    async def set_unhealthy(self, instance_id: str) -> bool:
+        """Mark the instance Unhealthy in its Auto Scaling group, which then replaces it. False when it
+        is in no group (Karpenter, self-managed): nothing was marked and nothing will replace it."""
         groups = await self.groups_of([instance_id])
         if instance_id not in groups:
             logger.warning("%s is in no Auto Scaling group; it cannot be marked Unhealthy", instance_id)
             self.not_in_group.append(instance_id)
             self._observe("SetInstanceHealth", "NotInAutoScalingGroup")
-            return
+            return False
         await self._call(
             "SetInstanceHealth",
             self._autoscaling.set_instance_health,
@@ -172,6 +188,7 @@ class AwsExecutor:
             ShouldRespectGracePeriod=self.settings.respect_grace_period,
         )
         logger.info("marked %s Unhealthy in Auto Scaling group %s", instance_id, groups[instance_id])
+        return True
 
     # -- CloudWatch ------------------------------------------------------------------------------
 

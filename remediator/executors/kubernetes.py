@@ -5,8 +5,11 @@ Every write is made so that it can be retried and never clobbers somebody else's
 - cordon, un-cordon and taints are JSON merge patches that carry the resourceVersion just read, so a
   concurrent writer makes the API answer 409 and the change is recomputed on the fresh object (the
   taint list is computed from the node as read, never replaced blindly);
-- what this service did is recorded in node annotations (`accel-health.io/…`): un-cordon and
-  un-taint undo only what those annotations say this service did, and nothing a human changed since;
+- what this service did is recorded in node annotations (`accel-health.io/…`), and every write names
+  this service as its field manager: un-cordon requires both the annotation and the API server's own
+  record (metadata.managedFields) that this service still manages spec.unschedulable, so a human's
+  uncordon + re-cordon (which moves the field to their manager) is never undone; un-taint undoes only
+  the taints the annotation lists;
 - node conditions go to the status subresource as strategic merge patches (conditions merge by
   type, so the kubelet's own conditions are untouched); Events go to core/v1 with involvedObject
   kind Node, the way the kubelet writes them, so `kubectl describe node` lists them;
@@ -52,6 +55,7 @@ from remediator.cluster import (
     ObjectFormatError,
     Pod,
     PodDisruptionBudget,
+    StateConflict,
     Taint,
     node_from_object,
     pdb_from_object,
@@ -74,7 +78,7 @@ DRAIN_STARTED = PREFIX + "drain-started"
 DRAIN_DEADLINE = PREFIX + "drain-deadline"
 """When the current drain gives up (RFC 3339); a resumed drain keeps it."""
 DRAIN_STATUS = PREFIX + "drain-status"
-"""`in-progress`, `done` or `timed-out`."""
+"""`in-progress`, `done`, `timed-out` or `refused` (an eviction answered 403 or denied by admission)."""
 DRAIN_BLOCKED = PREFIX + "drain-blocked"
 """After a drain that could not finish: `namespace/name` of the pods that blocked it."""
 
@@ -201,6 +205,21 @@ def _owned_taints(annotations: Mapping[str, str]) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
+def manages_unschedulable(obj: Mapping[str, Any], manager: str) -> bool:
+    """Does `manager` still own spec.unschedulable, per the API server's managedFields? (True when the
+    server records no managedFields at all: then only the annotation can tell.)"""
+    entries = (obj.get("metadata") or {}).get("managedFields")
+    if not entries:
+        return True
+    for entry in entries:
+        if entry.get("manager") != manager:
+            continue
+        spec = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        if "f:unschedulable" in spec:
+            return True
+    return False
+
+
 def _pod_key(obj: Mapping[str, Any]) -> tuple[str, str]:
     meta = obj.get("metadata") or {}
     return str(meta.get("namespace") or "default"), str(meta.get("name", ""))
@@ -232,6 +251,7 @@ class KubernetesCluster:
         self._should_act = should_act
         self._clock = clock
         self._events: dict[tuple[str, str, str, str], tuple[str, int, float]] = {}
+        self._state_version: str | None = None  # resourceVersion of the state ConfigMap last read
         self.api_unavailable: dict[str, int] = {}
         """Optional API -> how often it answered 404 (not served by this API server); a metric."""
 
@@ -363,7 +383,12 @@ class KubernetesCluster:
             else self._core.patch_node_without_preload_content
         )
         obj: dict[str, Any] = await self._call(
-            f"patch node {name}{'/status' if status else ''}", method, name, dict(body), _content_type=ctype
+            f"patch node {name}{'/status' if status else ''}",
+            method,
+            name,
+            dict(body),
+            _content_type=ctype,
+            field_manager=self.settings.manager,
         )
         return obj
 
@@ -522,8 +547,10 @@ class KubernetesCluster:
             )
         except ApiError as exc:
             if exc.status == 404:
+                self._state_version = None
                 return None
             raise BackendUnavailable(f"Kubernetes API: read ConfigMap {namespace}/{name}: {exc}") from exc
+        self._state_version = (obj.get("metadata") or {}).get("resourceVersion")
         text = (obj.get("data") or {}).get(STATE_KEY)
         if text is None:
             return None
@@ -536,10 +563,12 @@ class KubernetesCluster:
         return document
 
     async def save_gate_state(self, document: Mapping[str, Any]) -> None:
-        """Replaces the state ConfigMap's document, creating the ConfigMap the first time."""
+        """Replace the state ConfigMap's document, with the resourceVersion last read or written as
+        precondition (creating the ConfigMap when there was none); StateConflict when another writer
+        changed or created it since."""
         name, namespace = self.settings.state_configmap, self.settings.state_namespace
         self._ensure_leader(f"write ConfigMap {namespace}/{name}")
-        body = {
+        body: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {
@@ -551,24 +580,31 @@ class KubernetesCluster:
         }
         what = f"write ConfigMap {namespace}/{name}"
         try:
-            await self._call(
-                what, self._core.replace_namespaced_config_map_without_preload_content, name, namespace, body
-            )
-            return
+            if self._state_version is None:
+                obj = await self._call(
+                    what, self._core.create_namespaced_config_map_without_preload_content, namespace, body
+                )
+            else:
+                body["metadata"]["resourceVersion"] = self._state_version
+                obj = await self._call(
+                    what,
+                    self._core.replace_namespaced_config_map_without_preload_content,
+                    name,
+                    namespace,
+                    body,
+                )
         except ApiError as exc:
-            if exc.status != 404:
-                raise BackendUnavailable(f"Kubernetes API: {what}: {exc}") from exc
-        try:
-            await self._call(
-                what, self._core.create_namespaced_config_map_without_preload_content, namespace, body
-            )
-        except ApiError as exc:
+            if exc.status in (404, 409):  # changed, created or deleted by another writer
+                raise StateConflict(f"{what}: {exc}") from exc
             raise BackendUnavailable(f"Kubernetes API: {what}: {exc}") from exc
+        self._state_version = (obj.get("metadata") or {}).get("resourceVersion")
 
     # -- cordon and taints ---------------------------------------------------------------------
 
-    async def cordon(self, node: str) -> None:
-        """Cordon and record ownership; a node someone else already cordoned is left (and not claimed)."""
+    async def cordon(self, node: str) -> bool:
+        """Cordon and record ownership; True when this call cordoned it. A node someone else cordoned
+        (before the read, or between the read and the write: the resourceVersion precondition makes
+        that a conflict, and the re-read sees the cordon) is left as it is and not claimed."""
 
         def change(obj: dict[str, Any]) -> dict[str, Any] | None:
             if obj.get("spec", {}).get("unschedulable"):
@@ -576,13 +612,20 @@ class KubernetesCluster:
             annotations = {CORDONED_BY: self.settings.manager, CORDONED_AT: _rfc3339(self._clock())}
             return {"metadata": {"annotations": annotations}, "spec": {"unschedulable": True}}
 
-        if await self._modify_node(node, "cordon", change):
+        done = await self._modify_node(node, "cordon", change)
+        if done:
             logger.info("cordoned %s", node)
+        return done
 
-    async def uncordon(self, node: str) -> None:
-        """Un-cordon only a node this service cordoned; if someone un-cordoned it since, only forget it."""
+    async def uncordon(self, node: str) -> bool:
+        """Un-cordon only a node this service cordoned and whose cordon nobody changed since (the
+        annotation, and managedFields showing this service still manages spec.unschedulable); True
+        when this call uncordoned it. Otherwise only the ownership annotation is forgotten."""
+        flipped = False
 
         def change(obj: dict[str, Any]) -> dict[str, Any] | None:
+            nonlocal flipped
+            flipped = False
             annotations = obj.get("metadata", {}).get("annotations") or {}
             if annotations.get(CORDONED_BY) != self.settings.manager:
                 logger.info("uncordon %s: not cordoned by %s; left as it is", node, self.settings.manager)
@@ -590,10 +633,16 @@ class KubernetesCluster:
             forget = {"metadata": {"annotations": {CORDONED_BY: None, CORDONED_AT: None}}}
             if not obj.get("spec", {}).get("unschedulable"):
                 return forget  # a human un-cordoned it already
+            if not manages_unschedulable(obj, self.settings.manager):
+                logger.info("uncordon %s: the cordon was changed by someone else since; left", node)
+                return forget
+            flipped = True
             return {**forget, "spec": {"unschedulable": False}}
 
-        if await self._modify_node(node, "uncordon", change):
-            logger.info("uncordon %s: done (or ownership forgotten)", node)
+        written = await self._modify_node(node, "uncordon", change)
+        if written and flipped:
+            logger.info("uncordoned %s", node)
+        return written and flipped
 
     async def add_taint(self, node: str, taint: Taint) -> None:
         """Add (or replace by key and effect) one taint; other taints are kept as they are."""
@@ -752,13 +801,16 @@ class KubernetesCluster:
                 return EvictionResult.REFUSED_BY_PDB, f"eviction refused (429): {exc.message}"
             if exc.status >= 500:
                 raise BackendUnavailable(f"evict {namespace}/{name}: {exc.status}: {exc.message}") from exc
-            raise BackendUnavailable(f"evict {namespace}/{name}: {exc}") from exc
+            # 403 (RBAC, a policy engine), 400/422 (an admission webhook's denial): a refusal, not an
+            # outage; retrying until the deadline would not change the answer.
+            return EvictionResult.REFUSED, f"eviction refused ({exc.status} {exc.reason}): {exc.message}"
         return EvictionResult.EVICTED, "evicted"
 
     async def evict_pod(
         self, *, namespace: str, name: str, grace_period_seconds: int | None
     ) -> EvictionResult:
-        """One policy/v1 Eviction: EVICTED (accepted), REFUSED_BY_PDB (429) or GONE (404)."""
+        """One policy/v1 Eviction: EVICTED (accepted), REFUSED_BY_PDB (429), GONE (404) or REFUSED
+        (403, an admission denial)."""
         self._ensure_leader(f"evict {namespace}/{name}")
         result, _ = await self._evict(
             namespace=namespace, name=name, grace_period_seconds=grace_period_seconds
@@ -839,11 +891,12 @@ class KubernetesCluster:
         run = _DrainRun(self, node=node, settings=settings, deadline=deadline, uids=uids)
         blocked_list = await run.execute(targets)
         evicted = tuple(f"{ns}/{name}" for ns, name in targets if (ns, name) in run.gone)
-        timed_out = bool(blocked_list)
+        timed_out = bool(blocked_list) and not run.refused
         outcome = DrainOutcome(
             node, not blocked_list, timed_out, evicted, skipped, tuple(blocked_list), resumed, deadline
         )
-        await self._finish_drain(node, outcome, status="timed-out" if timed_out else "done")
+        status = "refused" if run.refused else ("timed-out" if timed_out else "done")
+        await self._finish_drain(node, outcome, status=status)
         return outcome
 
     async def _finish_drain(self, node: str, outcome: DrainOutcome, *, status: str | None) -> None:
@@ -877,6 +930,8 @@ class _DrainRun:
         self.gone: set[tuple[str, str]] = set()
         self.waiting: dict[tuple[str, str], str] = {}  # evicted, not yet gone -> why we wait
         self.semaphore = asyncio.Semaphore(max(1, settings.concurrency))
+        self.refused = False
+        """An eviction was refused (403, admission): the drain ends as refused, not timed out."""
         self.evicting_done = asyncio.Event()
 
     def _remaining(self) -> float:
@@ -924,6 +979,10 @@ class _DrainRun:
             if result is EvictionResult.GONE:
                 self.gone.add((namespace, name))
                 return None
+            if result is EvictionResult.REFUSED:
+                self.refused = True
+                logger.warning("%s/%s: %s; not retried", namespace, name, said)
+                return BlockedPod(namespace, name, said)
             if result is EvictionResult.EVICTED:
                 grace = self.settings.grace_period_seconds
                 self.waiting[(namespace, name)] = "evicted, still terminating" + (

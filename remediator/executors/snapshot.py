@@ -130,13 +130,17 @@ class SnapshotCluster:
         if name in self.nodes:
             self.nodes[name] = dataclasses.replace(self.nodes[name], **changes)
 
-    async def cordon(self, node: str) -> None:
+    async def cordon(self, node: str) -> bool:
         self.mutations.append(f"cordon {node}")
+        before = self.nodes.get(node)
         self._replace_node(node, unschedulable=True)
+        return before is not None and not before.unschedulable
 
-    async def uncordon(self, node: str) -> None:
+    async def uncordon(self, node: str) -> bool:
         self.mutations.append(f"uncordon {node}")
+        before = self.nodes.get(node)
         self._replace_node(node, unschedulable=False)
+        return before is not None and before.unschedulable
 
     async def add_taint(self, node: str, taint: Taint) -> None:
         self.mutations.append(f"taint {node} {taint.key}={taint.value}:{taint.effect}")
@@ -242,8 +246,9 @@ class RecordingAws:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         """(operation, arguments) in order."""
 
-    async def set_unhealthy(self, instance_id: str) -> None:
+    async def set_unhealthy(self, instance_id: str) -> bool:
         self.calls.append(("SetInstanceHealth", {"InstanceId": instance_id, "HealthStatus": "Unhealthy"}))
+        return True
 
     async def put_metric(
         self, *, namespace: str, name: str, value: float, dimensions: Mapping[str, str]

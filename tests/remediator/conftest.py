@@ -96,13 +96,13 @@ class CountingCluster:
         self.calls["list_pdbs"] += 1
         return await self.inner.list_pdbs()
 
-    async def cordon(self, node: str) -> None:
+    async def cordon(self, node: str) -> bool:
         self.calls["cordon"] += 1
-        await self.inner.cordon(node)
+        return await self.inner.cordon(node)
 
-    async def uncordon(self, node: str) -> None:
+    async def uncordon(self, node: str) -> bool:
         self.calls["uncordon"] += 1
-        await self.inner.uncordon(node)
+        return await self.inner.uncordon(node)
 
     async def add_taint(self, node: str, taint: Taint) -> None:
         self.calls["add_taint"] += 1

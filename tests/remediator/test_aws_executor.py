@@ -20,8 +20,12 @@ import pytest
 from aiohttp import web
 from moto.server import ThreadedMotoServer
 
-from remediator.cluster import BackendUnavailable
-from remediator.executors.aws import AwsExecutor, AwsSettings, MetricDatum
+from remediator.cluster import BackendUnavailable, Node
+from remediator.engine import Engine, EngineSettings
+from remediator.executors.aws import AwsExecutor, AwsRefused, AwsSettings, MetricDatum
+from remediator.executors.snapshot import SnapshotCluster
+from remediator.payload import WebhookPayload, parse_payload
+from remediator.policy import parse_policy
 
 REGION = "us-west-2"
 CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "aws_session_token": "t"}
@@ -172,6 +176,69 @@ async def test_an_instance_in_no_group_is_reported_not_marked(moto: str) -> None
     assert ex.not_in_group == ["i-0123456789abcdef0"]
     assert ("SetInstanceHealth", "NotInAutoScalingGroup") in ex.calls  # type: ignore[attr-defined]
     assert ("SetInstanceHealth", "ok") not in ex.calls  # type: ignore[attr-defined]
+
+
+async def test_an_access_denied_is_a_refusal_not_an_outage(proxy: FaultProxy) -> None:
+    [instance, _] = make_group(proxy.target)
+    proxy.faults["SetInstanceHealth"] = [(403, "AccessDenied")]
+    ex = executor(proxy.url)
+    with pytest.raises(AwsRefused, match="AccessDenied"):
+        await ex.set_unhealthy(instance)
+    assert proxy.seen.count("SetInstanceHealth") == 1  # not retried
+
+
+async def test_through_the_engine_a_refusal_is_recorded_failed_and_answered_200(proxy: FaultProxy) -> None:
+    [instance, _] = make_group(proxy.target)
+    proxy.faults["SetInstanceHealth"] = [(400, "ValidationError")]
+    engine = engine_with(executor(proxy.url), instance)
+    await engine.handle(replace_alert())  # returns: the webhook answers 200, no redelivery loop
+    record = engine.log.records()[-1]
+    assert (record.action, record.outcome) == ("aws_set_unhealthy", "failed")
+    assert "ValidationError" in record.reason
+
+
+async def test_a_node_in_no_auto_scaling_group_is_not_said_to_be_replaced_and_gives_its_budget_back(
+    moto: str,
+) -> None:
+    make_group(moto)
+    engine = engine_with(executor(moto), "i-0123456789abcdef0")  # a Karpenter node
+    await engine.handle(replace_alert())
+    record = engine.log.records()[-1]
+    assert (record.action, record.outcome) == ("aws_set_unhealthy", "skipped")
+    assert "no Auto Scaling group" in record.reason
+    assert "replaced" not in record.reason.replace("nothing replaces it", "")
+    assert engine.budget.holders()["n1"].kinds == {"cordon"}
+    cluster = engine_cluster(engine)
+    await cluster.uncordon("n1")  # a human puts it back into service
+    await engine.handle(replace_alert("n2"))  # the next delivery reconciles the budget
+    assert "n1" not in engine.budget.holders()
+
+
+def engine_with(aws: AwsExecutor, instance: str) -> Engine:
+    nodes = [
+        Node(name=n, provider_id=f"aws:///{REGION}a/{instance}", accelerators=("nvidia.com/gpu",))
+        for n in ("n1", "n2", "n3", "n4")
+    ]
+    return Engine(
+        policy=parse_policy(
+            "safety: {max_disrupted_nodes: 1}\nrules:\n  - {name: r, actions: [cordon, aws_set_unhealthy]}\n"
+        ),
+        cluster=SnapshotCluster(nodes=nodes, pods=[], pdbs=[]),
+        aws=aws,
+        settings=EngineSettings(),
+        clock=time.time,
+    )
+
+
+def engine_cluster(engine: Engine) -> SnapshotCluster:
+    cluster = engine._cluster
+    assert isinstance(cluster, SnapshotCluster)
+    return cluster
+
+
+def replace_alert(node: str = "n1") -> WebhookPayload:
+    alert = {"labels": {"alertname": "AccelGPUFatalXid", "node": node}, "startsAt": "2025-11-22T20:00:00Z"}
+    return parse_payload({"version": "4", "alerts": [alert]})
 
 
 async def test_membership_is_looked_up_fifty_ids_at_a_time(proxy: FaultProxy) -> None:

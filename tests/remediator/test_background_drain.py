@@ -36,14 +36,14 @@ FAST_API = KubernetesSettings(request_timeout_seconds=1.0, retry_base_seconds=0.
 FAST_DRAIN = DrainSettings(backoff_initial_seconds=0.05, backoff_max_seconds=0.2, poll_interval_seconds=0.05)
 
 
-def replace_policy(timeout_seconds: int = 30) -> str:
+def replace_policy(timeout_seconds: int = 30, on_timeout: str = "stop") -> str:
     return f"""
 safety: {{max_disrupted_nodes: 2}}
 rules:
   - name: replace
     actions:
       - cordon
-      - {{type: drain, timeout_seconds: {timeout_seconds}}}
+      - {{type: drain, timeout_seconds: {timeout_seconds}, on_timeout: {on_timeout}}}
       - aws_set_unhealthy
 """
 
@@ -71,10 +71,10 @@ class OrderedAws(RecordingAws):
         self.engine: Engine | None = None
         self.drain_outcomes_seen: list[list[str]] = []
 
-    async def set_unhealthy(self, instance_id: str) -> None:
+    async def set_unhealthy(self, instance_id: str) -> bool:
         assert self.engine is not None
         self.drain_outcomes_seen.append([r.outcome for r in self.engine.log.records() if r.action == "drain"])
-        await super().set_unhealthy(instance_id)
+        return await super().set_unhealthy(instance_id)
 
 
 async def wait_until(predicate: Callable[[], bool], *, limit: float = 10.0) -> float:
@@ -181,26 +181,31 @@ async def test_the_webhook_answers_before_the_drain_ends_and_the_instance_is_mar
     assert live.engine.status().drains == {}
 
 
-async def test_a_pdb_that_never_allows_fails_the_drain_at_its_deadline_naming_the_pod_and_still_replaces(
-    aiohttp_client: AiohttpClient,
+@pytest.mark.parametrize("on_timeout", ["stop", "proceed"])
+async def test_a_pdb_that_never_allows_fails_the_drain_at_its_deadline_and_replaces_only_if_the_rule_says(
+    aiohttp_client: AiohttpClient, on_timeout: str
 ) -> None:
     async with serve() as (api, url):
         api.add(node(NODE, provider_id=f"aws:///us-east-1a/{INSTANCE}"))
         api.add(pod("free", node_name=NODE))
         api.add(pod("db-0", node_name=NODE, labels={"app": "db"}, owner=("StatefulSet", "db")))
         api.add(pdb("db", match={"app": "db"}, allowed=0))
-        live = await start_live(api, url, aiohttp_client, replace_policy(timeout_seconds=1))
+        policy = replace_policy(timeout_seconds=1, on_timeout=on_timeout)
+        live = await start_live(api, url, aiohttp_client, policy)
         try:
+            started = time.monotonic()
             assert await live.post(alert_body()) == 200
-            waited = await wait_until(lambda: bool(live.aws.calls))
+            await wait_until(lambda: len(live.engine.log.records()) >= 4)
+            waited = time.monotonic() - started
         finally:
             await stop(live)
     assert waited >= 0.8  # it waited for the deadline (1 s from the drain's start)
+    last = "done" if on_timeout == "proceed" else "skipped"
     assert actions(live.engine) == [
         ("cordon", "done"),
         ("drain", "started"),
         ("drain", "failed"),
-        ("aws_set_unhealthy", "done"),
+        ("aws_set_unhealthy", last),
     ]
     failed = live.engine.log.records()[2]
     assert "drain timed out" in failed.reason
@@ -208,7 +213,11 @@ async def test_a_pdb_that_never_allows_fails_the_drain_at_its_deadline_naming_th
     assert (blocked["namespace"], blocked["name"]) == ("training", "db-0")
     assert "429" in blocked["reason"]
     assert "disruption budget db" in blocked["reason"]
-    assert live.aws.drain_outcomes_seen == [["started", "failed"]]
+    if on_timeout == "proceed":
+        assert live.aws.drain_outcomes_seen == [["started", "failed"]]
+    else:  # the deadline does not override the PodDisruptionBudget: nothing replaces the node
+        assert live.aws.calls == []
+        assert "a human decides" in live.engine.log.records()[3].reason
     assert api.stored("nodes", NODE)["metadata"]["annotations"][DRAIN_STATUS] == "timed-out"  # type: ignore[index]  # exists
 
 

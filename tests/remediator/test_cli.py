@@ -32,7 +32,7 @@ def test_explain_prints_rule_gates_and_what_happens_to_which_pods(capsys: pytest
     assert "protected-node check: passed" in out
     assert "budget: 1 of 2 nodes" in out
     assert "pause: off" in out
-    assert "storm breaker closed: 1 of 3 eligible nodes alerting" in out
+    assert "storm breaker closed: 1 of 3 eligible nodes with a fault firing now" in out
     assert "gates afterwards: budget 1 of 2 nodes" in out
     assert "-> cordon: planned" in out
     assert "evict   ml-team/llama-pretrain-worker-0  (PyTorchJob/llama-pretrain)" in out

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from remediator.cluster import BackendUnavailable, Node, Pod, Taint
+from remediator.cluster import BackendUnavailable, Node, NodeCondition, Pod, Taint
 from remediator.engine import Engine, EngineSettings
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster
 from remediator.payload import WebhookPayload, parse_payload
@@ -17,8 +17,14 @@ from tests.remediator.conftest import SNAPSHOT, CountingCluster, FakeClock, payl
 CORDON = "rules:\n  - name: c\n    actions: [cordon]\n"
 
 
+GPU = ("nvidia.com/gpu",)
+
+
 def cluster_of(count: int, *, pods_per_node: int = 0) -> SnapshotCluster:
-    nodes = [Node(name=f"n{i}", provider_id=f"aws:///us-west-2a/i-{i:017x}") for i in range(count)]
+    nodes = [
+        Node(name=f"n{i}", provider_id=f"aws:///us-west-2a/i-{i:017x}", accelerators=GPU)
+        for i in range(count)
+    ]
     pods = [
         Pod(namespace="ml", name=f"p{i}-{j}", node_name=f"n{i}", phase="Running")
         for i in range(count)
@@ -202,7 +208,7 @@ async def test_an_unusable_stored_state_starts_the_service_paused_instead_of_wit
 
 async def test_an_unreachable_cluster_propagates_so_that_the_webhook_answers_503() -> None:
     class Unreachable(SnapshotCluster):
-        async def cordon(self, node: str) -> None:
+        async def cordon(self, node: str) -> bool:
             raise BackendUnavailable("connection refused")
 
     engine = engine_over(Unreachable(nodes=[Node(name="n1")], pods=[], pdbs=[]), CORDON, clock=FakeClock())
@@ -217,7 +223,7 @@ async def test_an_unreachable_cluster_propagates_so_that_the_webhook_answers_503
 
 async def test_an_executor_error_that_retrying_cannot_fix_is_recorded_as_failed() -> None:
     class Broken(SnapshotCluster):
-        async def cordon(self, node: str) -> None:
+        async def cordon(self, node: str) -> bool:
             raise ValueError("node name too long")
 
     engine = engine_over(Broken(nodes=[Node(name="n1")], pods=[], pdbs=[]), CORDON, clock=FakeClock())
@@ -245,13 +251,53 @@ async def test_a_storm_stops_every_action_before_the_first_one_and_resumes_by_it
     assert len(engine.log) == 8
     assert all(p.evaluations == 2 for p in engine.pending.values())
 
-    clock.now += 601  # the storm is over: no resend within the window
-    assert engine.status().breaker_open
+    await engine.handle(webhook(*(alert(f"n{i}", status="resolved") for i in range(4))))
+    assert engine.status().breaker_open  # the storm is over, the cooldown has just begun
     clock.now += 900
     assert not engine.status().breaker_open  # closed by itself, no manual reset
 
     await engine.handle(webhook(alert("n7")))
     assert outcomes(engine)[-2:] == [("n7", "condition", "done", None), ("n7", "cordon", "done", None)]
+
+
+async def test_a_storm_still_firing_keeps_the_breaker_open_though_alertmanager_resends_rarely() -> None:
+    """Issue 15 item 4: the breaker counted deliveries within a window, so a storm resent every
+    30 minutes (longer than window + cooldown) closed it while every alert still fired."""
+    clock = FakeClock()
+    cluster = cluster_of(10)
+    engine = engine_over(cluster, CORDON, clock=clock)
+    await engine.handle(webhook(*(alert(f"n{i}") for i in range(4))))
+    assert engine.status().breaker_open
+    clock.now += 1_799  # the shipped warning route's repeat_interval is 30 min: no resend yet
+    assert engine.status().breaker_open
+    assert engine.status().alerting_nodes == 4
+    await engine.handle(webhook(alert("n9")))  # a fifth node's fault arrives meanwhile
+    assert outcomes(engine)[-1] == ("n9", "cordon", "deferred", "breaker")
+    assert cluster.mutations == []
+
+
+async def test_cpu_only_nodes_do_not_dilute_the_breaker_or_the_percentage_budget() -> None:
+    gpu = [Node(name=f"n{i}", accelerators=GPU) for i in range(10)]
+    cpu = [Node(name=f"cpu{i}") for i in range(30)]
+    engine = engine_over(SnapshotCluster(nodes=[*gpu, *cpu], pods=[], pdbs=[]), CORDON, clock=FakeClock())
+    await engine.handle(webhook(*(alert(f"n{i}") for i in range(4))))  # 4 of 10 GPU nodes, 10% of 40
+    status = engine.status()
+    assert (status.alerting_nodes, status.eligible_nodes) == (4, 10)
+    assert status.breaker_open
+
+
+async def test_nodes_already_unschedulable_or_not_ready_count_against_the_budget() -> None:
+    nodes = [Node(name=f"n{i}", accelerators=GPU) for i in range(10)]
+    nodes[5] = Node(name="n5", accelerators=GPU, unschedulable=True)  # cordoned by someone else
+    nodes[6] = Node(name="n6", accelerators=GPU, conditions=(NodeCondition("Ready", "False"),))
+    cluster = SnapshotCluster(nodes=nodes, pods=[], pdbs=[])
+    engine = engine_over(cluster, "safety: {max_disrupted_nodes: 3}\n" + CORDON, clock=FakeClock())
+    await engine.handle(webhook(alert("n1"), alert("n2")))
+    assert outcomes(engine) == [("n1", "cordon", "done", None), ("n2", "cordon", "deferred", "budget")]
+    reason = engine.log.records()[1].reason
+    assert "3 of 3 nodes already out of service" in reason
+    assert "n5 unschedulable" in reason
+    assert "n6 NotReady" in reason
 
 
 async def test_a_storm_of_alerts_on_nodes_that_may_not_be_touched_trips_nothing() -> None:
@@ -304,8 +350,10 @@ rules:
 
 
 async def test_a_percentage_budget_counts_only_eligible_nodes() -> None:
-    nodes = [Node(name=f"n{i}") for i in range(20)]
-    nodes += [Node(name=f"opt{i}", labels={"accel-health.io/opt-out": "true"}) for i in range(20)]
+    nodes = [Node(name=f"n{i}", accelerators=GPU) for i in range(20)]
+    nodes += [
+        Node(name=f"opt{i}", labels={"accel-health.io/opt-out": "true"}, accelerators=GPU) for i in range(20)
+    ]
     engine = engine_over(
         SnapshotCluster(nodes=nodes, pods=[], pdbs=[]),
         "safety: {max_disrupted_nodes: 10, max_disrupted_percent: 10, storm_breaker: {enabled: false}}\n"

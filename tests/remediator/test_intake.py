@@ -45,8 +45,10 @@ async def test_bad_input_gets_a_400_naming_the_field_and_changes_nothing(
         b"{}": "alerts: required field is missing",
         b'{"alerts": {}}': "alerts: expected an array",
         b'{"alerts": [{"labels": {"node": 3}}]}': "alerts[0].labels.node: expected a string",
-        b'{"alerts": [{"labels": {}, "status": "maybe"}]}': "alerts[0].status",
+        b'{"alerts": [{"labels": {}, "status": "maybe", "startsAt": "t"}]}': "alerts[0].status",
         b'{"alerts": [], "truncatedAlerts": "x"}': "truncatedAlerts",
+        b'{"version": "5", "alerts": []}': 'version: expected "4"',
+        b'{"alerts": [{"labels": {"node": "n"}}]}': "alerts[0].startsAt: required field is missing",
     }
     for body, message in cases.items():
         resp = await client.post("/alerts", data=body, headers=AUTH)

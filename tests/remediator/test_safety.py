@@ -46,7 +46,7 @@ def test_the_budget_admits_up_to_its_limit_and_defers_the_next_node() -> None:
     verdict = budget.check("c")
     assert not verdict.allowed
     assert verdict.gate == "budget"
-    assert "2 of 2 nodes already disrupted (a for 90s, b for 90s)" in verdict.reason
+    assert "2 of 2 nodes already out of service (a for 90s, b for 90s)" in verdict.reason
     assert budget.in_use == 2
 
 
@@ -106,7 +106,7 @@ def test_a_percentage_budget_names_the_percentage_when_it_defers() -> None:
     budget.commit("b", kind="cordon", dry_run=False)
     verdict = budget.check("c")
     assert not verdict.allowed
-    assert "2 of 2 (10% of 20 eligible nodes, rounded down) nodes already disrupted" in verdict.reason
+    assert "2 of 2 (10% of 20 eligible nodes, rounded down) nodes already out of service" in verdict.reason
 
 
 # -- rate limits -------------------------------------------------------------------------------
@@ -156,42 +156,31 @@ def breaker(clock: FakeClock, **kwargs: Any) -> StormBreaker:
 def test_the_breaker_opens_when_more_than_the_threshold_of_eligible_nodes_alert() -> None:
     clock = FakeClock()
     b = breaker(clock)
-    for i in range(3):
-        b.observe_firing(f"n{i}", f"fp{i}")
-    assert b.evaluate(eligible=10) is False  # 30% is not MORE than 30%
+    assert b.evaluate(eligible=10, alerting=3) is False  # 30% is not MORE than 30%
     assert b.check().allowed
-    b.observe_firing("n3", "fp3")
-    assert b.evaluate(eligible=10) is True
+    assert b.evaluate(alerting=4) is True
     verdict = b.check()
     assert not verdict.allowed
     assert verdict.gate == "breaker"
-    assert "storm breaker OPEN: 4 of 10 eligible nodes alerting" in verdict.reason
+    assert "storm breaker OPEN: 4 of 10 eligible nodes with a fault firing now" in verdict.reason
     assert b.trips == 1
 
 
 def test_a_single_broken_node_in_a_tiny_cluster_is_a_fault_not_a_storm() -> None:
     b = breaker(FakeClock())
-    b.observe_firing("n0", "fp0")
-    b.observe_firing("n1", "fp1")
-    b.evaluate(eligible=3)  # 67%, but fewer than min_nodes
+    b.evaluate(eligible=3, alerting=2)  # 67%, but fewer than min_nodes
     assert not b.open
 
 
-def test_the_breaker_stays_open_while_alerts_keep_arriving_and_closes_only_after_a_calm_cooldown() -> None:
+def test_the_breaker_stays_open_while_faults_fire_and_closes_only_after_a_calm_cooldown() -> None:
     clock = FakeClock()
     b = breaker(clock)
-    for i in range(5):
-        b.observe_firing(f"n{i}", f"fp{i}")
-    b.evaluate(eligible=10)
+    b.evaluate(eligible=10, alerting=5)
     assert b.open
-    for _ in range(4):  # Alertmanager resends every 5 minutes: the storm is still on
-        clock.now += 300
-        for i in range(5):
-            b.observe_firing(f"n{i}", f"fp{i}")
-        b.evaluate()
-        assert b.open
-    clock.now += 601  # no resend for longer than the window: nothing alerts any more
+    clock.now += 7200  # hours without any delivery: the faults still fire, so it stays open
     b.evaluate()
+    assert b.open
+    b.evaluate(alerting=0)  # they resolved
     assert b.open  # below since now, but the cooldown has not passed
     assert "below the threshold for 0s, closes in 900s" in b.describe()
     clock.now += 899
@@ -203,23 +192,15 @@ def test_the_breaker_stays_open_while_alerts_keep_arriving_and_closes_only_after
     assert b.trips == 1
 
 
-def test_alerts_returning_during_the_cooldown_restart_it() -> None:
+def test_faults_returning_during_the_cooldown_restart_it() -> None:
     clock = FakeClock()
     b = breaker(clock)
-    for i in range(4):
-        b.observe_firing(f"n{i}", f"fp{i}")
-    b.evaluate(eligible=10)
-    for i in range(4):
-        b.observe_resolved(f"n{i}", f"fp{i}")
-    b.evaluate()
+    b.evaluate(eligible=10, alerting=4)
+    b.evaluate(alerting=0)
     clock.now += 800
-    for i in range(4):
-        b.observe_firing(f"n{i}", f"fp{i}")
-    b.evaluate()
+    b.evaluate(alerting=4)
     clock.now += 200
-    for i in range(4):
-        b.observe_resolved(f"n{i}", f"fp{i}")
-    b.evaluate()
+    b.evaluate(alerting=0)
     clock.now += 899
     assert b.evaluate() is False
     assert b.open
@@ -228,32 +209,36 @@ def test_alerts_returning_during_the_cooldown_restart_it() -> None:
     assert b.trips == 1
 
 
-def test_resolved_alerts_leave_the_alerting_set_only_when_the_node_has_no_other_firing_alert() -> None:
-    b = breaker(FakeClock())
-    b.observe_firing("n0", "a")
-    b.observe_firing("n0", "b")
-    b.observe_resolved("n0", "a")
-    assert b.alerting == 1
-    b.observe_resolved("n0", "b")
-    b.observe_resolved("n-unknown", "x")
-    assert b.alerting == 0
-
-
 def test_nodes_added_by_a_scale_up_lower_the_alerting_fraction() -> None:
-    clock = FakeClock()
-    b = breaker(clock)
-    for i in range(4):
-        b.observe_firing(f"n{i}", f"fp{i}")
-    b.evaluate(eligible=20)  # 20%: a scale-up of 10 new nodes, 4 of them not ready yet
+    b = breaker(FakeClock())
+    b.evaluate(eligible=20, alerting=4)  # 20%: a scale-up of 10 new nodes, 4 of them not ready yet
     assert not b.open
 
 
 def test_a_disabled_breaker_never_opens() -> None:
     b = breaker(FakeClock(), enabled=False)
-    for i in range(10):
-        b.observe_firing(f"n{i}", f"fp{i}")
-    b.evaluate(eligible=10)
+    b.evaluate(eligible=10, alerting=10)
     assert b.check().allowed
+
+
+def test_the_budget_counts_eligible_nodes_out_of_service_for_other_reasons() -> None:
+    clock = FakeClock()
+    budget = DisruptionBudget(max_nodes=2, clock=clock)
+    gpu = ("nvidia.com/gpu",)
+    nodes = [
+        Node(name="cordoned", accelerators=gpu, unschedulable=True),
+        Node(name="cpu-cordoned", unschedulable=True),  # CPU-only: not ours to count
+        Node(name="ok", accelerators=gpu),
+        Node(name="other", accelerators=gpu),
+    ]
+    budget.observe(nodes, SafetySettings())
+    assert budget.in_use == 1
+    assert budget.check("cordoned").allowed  # already out of service: acting on it costs nothing
+    assert budget.check("ok").allowed
+    budget.commit("ok", kind="cordon", dry_run=False)
+    verdict = budget.check("other")
+    assert not verdict.allowed
+    assert "cordoned unschedulable" in verdict.reason
 
 
 # -- pause, protected nodes --------------------------------------------------------------------
@@ -281,8 +266,9 @@ def test_control_plane_and_opted_out_nodes_are_protected_and_not_eligible() -> N
         Node(name="m", labels={"node-role.kubernetes.io/master": ""}),
         Node(name="t", taints=(Taint("node-role.kubernetes.io/control-plane", "", "NoSchedule"),)),
         Node(name="o", labels={"accel-health.io/opt-out": "true"}),
-        Node(name="o2", labels={"accel-health.io/opt-out": "false"}),
-        Node(name="gpu"),
+        Node(name="o2", labels={"accel-health.io/opt-out": "false"}, accelerators=("nvidia.com/gpu",)),
+        Node(name="gpu", labels={"nvidia.com/gpu.present": "true"}),
+        Node(name="cpu"),
     ]
     reasons = {n.name: protected_reason(n, settings) or "" for n in nodes}
     assert "control-plane" in reasons["cp"]
@@ -308,9 +294,7 @@ def test_the_gate_state_document_round_trips_through_json_without_dry_run_decisi
     state.rate.commit("drain")
     state.decided.add(("fp", "t", "firing", 0, "cordon", False))
     state.decided.add(("fp", "t", "firing", 0, "cordon", True), persist=False)
-    for i in range(4):
-        state.breaker.observe_firing(f"n{i}", "fp")
-    state.breaker.evaluate(eligible=10)
+    state.breaker.evaluate(eligible=10, alerting=4)
     state.pause.pause("test")
 
     doc = json.loads(json.dumps(state.to_document()))
