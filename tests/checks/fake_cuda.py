@@ -21,6 +21,8 @@ from typing import Any
 from cuda.bindings.driver import CUresult
 
 SUCCESS = CUresult.CUDA_SUCCESS
+Result = tuple[Any, ...]
+"""What a binding returns: ``(CUresult, outputs...)``."""
 
 
 @dataclass
@@ -47,7 +49,7 @@ def h100x8(**degraded: dict[str, Any]) -> list[FakeGpu]:
 
 
 class FakeCuda:
-    CUresult = CUresult
+    CUresult: Any = CUresult
 
     def __init__(self, gpus: list[FakeGpu], *, init_error: str | None = None) -> None:
         self.gpus = gpus
@@ -66,7 +68,7 @@ class FakeCuda:
 
     # -- helpers ------------------------------------------------------------------------------------
 
-    def _enter(self, call: str, ordinal: int | None = None) -> CUresult | None:
+    def _enter(self, call: str, ordinal: int | None = None) -> Any:
         self.calls[call] += 1
         if ordinal is None:
             ordinal = getattr(self._current, "ordinal", None)
@@ -90,39 +92,39 @@ class FakeCuda:
 
     # -- initialisation and devices -----------------------------------------------------------------
 
-    def cuInit(self, flags: int) -> tuple[CUresult]:
+    def cuInit(self, flags: int) -> Result:
         self.calls["cuInit"] += 1
         return (getattr(CUresult, self.init_error) if self.init_error else SUCCESS,)
 
-    def cuDeviceGetCount(self) -> tuple[CUresult, int]:
+    def cuDeviceGetCount(self) -> Result:
         self.calls["cuDeviceGetCount"] += 1
         return SUCCESS, len(self.gpus)
 
-    def cuDeviceGet(self, ordinal: int) -> tuple[CUresult, int]:
+    def cuDeviceGet(self, ordinal: int) -> Result:
         self.calls["cuDeviceGet"] += 1
         if not 0 <= ordinal < len(self.gpus):
             return CUresult.CUDA_ERROR_INVALID_DEVICE, 0
         return SUCCESS, ordinal
 
-    def cuDeviceGetPCIBusId(self, length: int, device: int) -> tuple[CUresult, bytes]:
+    def cuDeviceGetPCIBusId(self, length: int, device: int) -> Result:
         error = self._enter("cuDeviceGetPCIBusId", device)
         if error:
             return error, b""
         return SUCCESS, self.gpus[device].bus_id.encode().ljust(length, b"\x00")
 
-    def cuDevicePrimaryCtxRetain(self, device: int) -> tuple[CUresult, int]:
+    def cuDevicePrimaryCtxRetain(self, device: int) -> Result:
         error = self._enter("cuDevicePrimaryCtxRetain", device)
         if error:
             return error, 0
         self._contexts[device] += 1
         return SUCCESS, 1000 + device
 
-    def cuDevicePrimaryCtxRelease(self, device: int) -> tuple[CUresult]:
+    def cuDevicePrimaryCtxRelease(self, device: int) -> Result:
         self.calls["cuDevicePrimaryCtxRelease"] += 1
         self._contexts[device] -= 1
         return (SUCCESS,)
 
-    def cuCtxSetCurrent(self, context: int) -> tuple[CUresult]:
+    def cuCtxSetCurrent(self, context: int) -> Result:
         ordinal = context - 1000
         self._current.ordinal = ordinal
         self.touched.add(ordinal)
@@ -131,7 +133,7 @@ class FakeCuda:
 
     # -- memory, streams, events --------------------------------------------------------------------
 
-    def _alloc(self, call: str, kind: str) -> tuple[CUresult, int]:
+    def _alloc(self, call: str, kind: str) -> Result:
         error = self._enter(call)
         if error:
             return error, 0
@@ -139,21 +141,25 @@ class FakeCuda:
         self._allocated[handle] = kind
         return SUCCESS, handle
 
-    def cuMemAlloc(self, size: int) -> tuple[CUresult, int]:
+    def cuMemAlloc(self, size: int) -> Result:
         return self._alloc("cuMemAlloc", "device")
 
-    def cuMemAllocHost(self, size: int) -> tuple[CUresult, int]:
+    def cuMemAllocHost(self, size: int) -> Result:
         return self._alloc("cuMemAllocHost", "host")
 
-    def cuMemFree(self, pointer: int) -> tuple[CUresult]:
+    def cuMemFree(self, pointer: int) -> Result:
         self.calls["cuMemFree"] += 1
-        return (SUCCESS if self._allocated.pop(pointer, None) == "device" else CUresult.CUDA_ERROR_INVALID_VALUE,)
+        return (
+            SUCCESS if self._allocated.pop(pointer, None) == "device" else CUresult.CUDA_ERROR_INVALID_VALUE,
+        )
 
-    def cuMemFreeHost(self, pointer: int) -> tuple[CUresult]:
+    def cuMemFreeHost(self, pointer: int) -> Result:
         self.calls["cuMemFreeHost"] += 1
-        return (SUCCESS if self._allocated.pop(pointer, None) == "host" else CUresult.CUDA_ERROR_INVALID_VALUE,)
+        return (
+            SUCCESS if self._allocated.pop(pointer, None) == "host" else CUresult.CUDA_ERROR_INVALID_VALUE,
+        )
 
-    def cuStreamCreate(self, flags: int) -> tuple[CUresult, int]:
+    def cuStreamCreate(self, flags: int) -> Result:
         error = self._enter("cuStreamCreate")
         if error:
             return error, 0
@@ -161,33 +167,33 @@ class FakeCuda:
         self._streams[stream] = 0.0
         return SUCCESS, stream
 
-    def cuStreamDestroy(self, stream: int) -> tuple[CUresult]:
+    def cuStreamDestroy(self, stream: int) -> Result:
         self.calls["cuStreamDestroy"] += 1
         self._streams.pop(stream, None)
         return (SUCCESS,)
 
-    def cuEventCreate(self, flags: int) -> tuple[CUresult, int]:
+    def cuEventCreate(self, flags: int) -> Result:
         self.calls["cuEventCreate"] += 1
         event = self._new()
         self._events[event] = (0, -1.0)
         return SUCCESS, event
 
-    def cuEventDestroy(self, event: int) -> tuple[CUresult]:
+    def cuEventDestroy(self, event: int) -> Result:
         self.calls["cuEventDestroy"] += 1
         self._events.pop(event, None)
         return (SUCCESS,)
 
-    def cuEventRecord(self, event: int, stream: int) -> tuple[CUresult]:
+    def cuEventRecord(self, event: int, stream: int) -> Result:
         error = self._enter("cuEventRecord")
         if error:
             return (error,)
         self._events[event] = (stream, self._streams[stream])
         return (SUCCESS,)
 
-    def cuEventSynchronize(self, event: int) -> tuple[CUresult]:
+    def cuEventSynchronize(self, event: int) -> Result:
         return (self._enter("cuEventSynchronize") or SUCCESS,)
 
-    def cuEventElapsedTime(self, start: int, end: int) -> tuple[CUresult, float]:
+    def cuEventElapsedTime(self, start: int, end: int) -> Result:
         error = self._enter("cuEventElapsedTime")
         if error:
             return error, 0.0
@@ -196,7 +202,7 @@ class FakeCuda:
             return CUresult.CUDA_ERROR_INVALID_HANDLE, 0.0
         return SUCCESS, (ended - began) * 1000.0
 
-    def _copy(self, call: str, size: int, stream: int, rate: str, factor: int) -> tuple[CUresult]:
+    def _copy(self, call: str, size: int, stream: int, rate: str, factor: int) -> Result:
         error = self._enter(call)
         if error:
             return (error,)
@@ -204,11 +210,11 @@ class FakeCuda:
         self._streams[stream] += factor * size / getattr(gpu, rate)
         return (SUCCESS,)
 
-    def cuMemcpyHtoDAsync(self, dst: int, src: int, size: int, stream: int) -> tuple[CUresult]:
+    def cuMemcpyHtoDAsync(self, dst: int, src: int, size: int, stream: int) -> Result:
         return self._copy("cuMemcpyHtoDAsync", size, stream, "host_to_device", 1)
 
-    def cuMemcpyDtoHAsync(self, dst: int, src: int, size: int, stream: int) -> tuple[CUresult]:
+    def cuMemcpyDtoHAsync(self, dst: int, src: int, size: int, stream: int) -> Result:
         return self._copy("cuMemcpyDtoHAsync", size, stream, "device_to_host", 1)
 
-    def cuMemcpyDtoDAsync(self, dst: int, src: int, size: int, stream: int) -> tuple[CUresult]:
+    def cuMemcpyDtoDAsync(self, dst: int, src: int, size: int, stream: int) -> Result:
         return self._copy("cuMemcpyDtoDAsync", size, stream, "device_to_device", 2)

@@ -23,9 +23,7 @@ def fake_dcgmi(directory: Path, fixture: str, *, status: int = 0, sleep: float =
     log = directory / "dcgmi.args"
     script.write_text(
         "#!/bin/sh\n"
-        f'echo "$@" >> {log}\n'
-        + (f"sleep {sleep}\n" if sleep else "")
-        + f"cat {FIXTURES / fixture}\n"
+        f'echo "$@" >> {log}\n' + (f"sleep {sleep}\n" if sleep else "") + f"cat {FIXTURES / fixture}\n"
         f"exit {status}\n"
     )
     script.chmod(script.stat().st_mode | stat.S_IXUSR)

@@ -29,7 +29,8 @@ def test_pciebw_measures_both_directions_per_gpu_from_the_gpus_own_timer() -> No
     assert all(v == pytest.approx(53.5e9) for v in h2d.values())
     assert all(v == pytest.approx(54.8e9) for v in values(result, "device_to_host").values())
     assert result.devices[4].pci_bus_id == "0000:9d:00"
-    assert cuda.live_allocations() == 0 and cuda.held_contexts() == 0
+    assert cuda.live_allocations() == 0
+    assert cuda.held_contexts() == 0
 
 
 def test_a_gpu_at_the_seeds_5_3_gb_s_among_12_3_fails_pciebw_below_the_node_median() -> None:
@@ -66,14 +67,17 @@ def test_gpumem_counts_bytes_read_and_written_and_fails_a_slow_hbm() -> None:
 
 
 def test_a_cuda_error_on_one_gpu_is_that_gpus_error_and_everything_is_freed() -> None:
-    runner, cuda, _ = make_runner(gpus=h100x8(**{"3": {"errors": {"cuMemAlloc": "CUDA_ERROR_ECC_UNCORRECTABLE"}}}))
+    runner, cuda, _ = make_runner(
+        gpus=h100x8(**{"3": {"errors": {"cuMemAlloc": "CUDA_ERROR_ECC_UNCORRECTABLE"}}})
+    )
     result = runner.run("pciebw")
     assert result.verdict == "error"
     bad = next(d for d in result.devices if d.device == "3")
     assert bad.verdict == "error"
     assert bad.detail == "cuMemAlloc: CUDA_ERROR_ECC_UNCORRECTABLE"
     assert sum(d.verdict == "pass" for d in result.devices) == 7
-    assert cuda.live_allocations() == 0 and cuda.held_contexts() == 0
+    assert cuda.live_allocations() == 0
+    assert cuda.held_contexts() == 0
 
 
 def test_no_cuda_driver_is_an_error_with_the_reason_not_a_traceback() -> None:
@@ -92,7 +96,9 @@ def test_no_cuda_driver_is_an_error_with_the_reason_not_a_traceback() -> None:
         ({"size_mib": "0"}, "size_mib='0' is outside [1, 8192]"),
     ],
 )
-def test_bad_bandwidth_parameters_are_refused_before_anything_runs(params: dict[str, str], error: str) -> None:
+def test_bad_bandwidth_parameters_are_refused_before_anything_runs(
+    params: dict[str, str], error: str
+) -> None:
     runner, cuda, _ = make_runner()
     with pytest.raises(CheckInputError, match=error.replace("[", r"\[").replace("]", r"\]")):
         runner.run("pciebw", params)
@@ -155,8 +161,11 @@ def test_dcgm_4_output_parses_entities_warnings_and_leaves_out_cpus() -> None:
     ("text", "error"),
     [
         ("Error: unable to connect to host engine", "no JSON document"),
-        ('{"DCGM Diagnostic": {"test_categories": [{"tests": [{"name": "x", "results": [{"status": "Maybe"}]}]}]}}',
-         "unknown status"),
+        (
+            '{"DCGM Diagnostic": {"test_categories": [{"tests": [{"name": "x", "results": '
+            '[{"status": "Maybe"}]}]}]}}',
+            "unknown status",
+        ),
         ('{"something": 1}', "no test_categories"),
         ("{not json}", "does not parse"),
     ],
