@@ -117,12 +117,6 @@ def _parser() -> argparse.ArgumentParser:
     checks.add_argument(
         "--node-name", default=os.environ.get("NODE_NAME", ""), help="this node's name (default: $NODE_NAME)"
     )
-    checks.add_argument(
-        "--cuda-module",
-        default="",
-        metavar="MODULE",
-        help="a module with the functions of cuda.bindings.driver to use instead (tests and demos)",
-    )
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     return parser
 
@@ -292,8 +286,7 @@ def _build_checks(
     if args.checks_token_file is not None and args.checks_insecure_no_auth:
         raise ValueError("--checks-insecure-no-auth contradicts --checks-token-file")
     token = None if args.checks_token_file is None else _read_token(args.checks_token_file)
-    library = importlib.import_module(args.cuda_module) if args.cuda_module else None
-    checks = build_checks(args.checks, nvml=nvml, cuda=CudaBindingsDriver(library=library))
+    checks = build_checks(args.checks, nvml=nvml, cuda=CudaBindingsDriver())
     usage: list[UsageProbe] = []
     if nvml is not None:
         usage.append(NvmlProcesses())
