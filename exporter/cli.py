@@ -1,4 +1,5 @@
-"""``accel-health-exporter``: serves /metrics and /healthz for one node.
+"""``accel-health-exporter``: serves /metrics and /healthz for one node, and active checks on
+``GET /checks`` (with ``--checks``; see :mod:`exporter.checks`).
 
 Stops cleanly (exit 0) on SIGTERM or SIGINT.
 """
@@ -6,18 +7,29 @@ Stops cleanly (exit 0) on SIGTERM or SIGINT.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
+import os
 import signal
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from exporter.checks.catalog import build_checks, parse_names
+from exporter.checks.cuda import CudaBindingsDriver
+from exporter.checks.endpoint import ChecksEndpoint, encode
+from exporter.checks.metrics import check_metrics
+from exporter.checks.runner import CheckRunner
+from exporter.checks.schedule import ScheduleError, Scheduler, load_schedule
+from exporter.checks.usage import NvmlProcesses, PodAccelerators, UsageProbe
+from exporter.collectors.framework import Source
 from exporter.exposition import CONTENT_TYPE, generate_text
 from exporter.readers.kmsg import KmsgFollower, KmsgStateStore
 from exporter.readers.nvml import DEFAULT_TIMEOUT, PynvmlReader
@@ -72,17 +84,66 @@ def _parser() -> argparse.ArgumentParser:
         help="bound on NVML calls per scrape, all GPUs together; a call still running is abandoned "
         f"and reported (default {DEFAULT_TIMEOUT:g})",
     )
+    checks = parser.add_argument_group("active checks")
+    checks.add_argument(
+        "--checks",
+        type=_check_names,
+        default=(),
+        metavar="NAMES",
+        help="checks this node offers on GET /checks and runs on a schedule: comma-separated "
+        "pciebw,gpumem,remapped,power,dcgm, or all (default: none)",
+    )
+    checks.add_argument(
+        "--checks-token-file", type=Path, metavar="FILE", help="bearer token GET /checks requires"
+    )
+    checks.add_argument(
+        "--checks-insecure-no-auth",
+        action="store_true",
+        help="serve GET /checks without a token (only for a loopback address)",
+    )
+    checks.add_argument(
+        "--checks-schedule",
+        metavar="FILE|off",
+        default="",
+        help="YAML with per-check interval/deadline/params/enabled (default: cheap checks hourly, "
+        "invasive ones daily); `off` runs checks only on demand",
+    )
+    checks.add_argument(
+        "--checks-node-pods",
+        action="store_true",
+        help="ask the Kubernetes API (in-cluster) for this node's pods: a pod requesting accelerators "
+        "keeps invasive checks off the node (needs NODE_NAME and RBAC to list pods)",
+    )
+    checks.add_argument(
+        "--node-name", default=os.environ.get("NODE_NAME", ""), help="this node's name (default: $NODE_NAME)"
+    )
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     return parser
 
 
-def make_handler(registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
-    """An HTTP handler class serving ``registry`` on /metrics and liveness on /healthz."""
+def _check_names(text: str) -> tuple[str, ...]:
+    try:
+        return parse_names(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def make_handler(
+    registry: CollectorRegistry, checks: ChecksEndpoint | None = None
+) -> type[BaseHTTPRequestHandler]:
+    """An HTTP handler class serving ``registry`` on /metrics, liveness on /healthz and, with
+    ``checks``, active checks on /checks."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
+            path, _, query = self.path.partition("?")
+            if path == "/checks":
+                if checks is None:
+                    self._reply(HTTPStatus.NOT_FOUND, b"no checks on this node (--checks)\n", "text/plain")
+                    return
+                status, body = checks.handle(query, self.headers.get("Authorization"))
+                self._reply(status, encode(body), "application/json")
+            elif path == "/metrics":
                 self._reply(HTTPStatus.OK, generate_text(registry), CONTENT_TYPE)
             elif path == "/healthz":
                 self._reply(HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8")
@@ -91,6 +152,8 @@ def make_handler(registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
 
         def _reply(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
             self.send_response(status)
+            if status == HTTPStatus.UNAUTHORIZED:
+                self.send_header("WWW-Authenticate", 'Bearer realm="accel-health"')
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -132,10 +195,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     nvml = None if settings.nvml == "off" else PynvmlReader(timeout=settings.nvml_timeout)
     if nvml is not None and settings.nvml == "on" and not (reading := nvml.read()).available:
         logger.error("--nvml=on but %s", reading.reason)
-    registry = build_registry(build_sources(settings, kmsg=follower, nvml=nvml))
+    sources = build_sources(settings, kmsg=follower, nvml=nvml)
+    try:
+        built = _build_checks(args, nvml=nvml)
+    except (ValueError, OSError) as exc:
+        logger.error("%s", exc)
+        return 2
+    endpoint, scheduler = built if built is not None else (None, None)
+    sources.extend([checks_source(endpoint.runner, scheduler)] if endpoint is not None else [])
+    registry = build_registry(sources)
     try:
         server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
-        server = server_class((host, port), make_handler(registry))
+        server = server_class((host, port), make_handler(registry, endpoint))
     except OSError as exc:
         logger.error("cannot listen on %s:%d: %s", host, port, exc.strerror or exc)
         return 1
@@ -149,6 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     follower.start()
+    if scheduler is not None:
+        scheduler.start()
     serving = threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="http", daemon=True
     )
@@ -161,9 +234,73 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         server.shutdown()
         server.server_close()
+        if scheduler is not None:
+            scheduler.stop()
         follower.stop(timeout=0.5)
         if nvml is not None:
             nvml.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+def checks_source(runner: CheckRunner, scheduler: Scheduler | None) -> Source:
+    """The ``checks`` source: the runner's latest results as series."""
+    intervals = {} if scheduler is None else {name: s.interval for name, s in scheduler.schedule.items()}
+    return Source(
+        "checks", lambda: check_metrics(runner.latest(), runner.runs(), runner.skipped_gpus(), intervals)
+    )
+
+
+def _read_token(path: Path) -> str:
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read --checks-token-file {path}: {exc.strerror or exc}") from None
+    if not token:
+        raise ValueError(f"--checks-token-file {path} is empty")
+    return token
+
+
+def _list_node_pods(node: str) -> list[Mapping[str, Any]]:
+    """This node's pods through the in-cluster Kubernetes API (the client is untyped: used as Any)."""
+    config: Any = importlib.import_module("kubernetes.config")
+    client: Any = importlib.import_module("kubernetes.client")
+    config.load_incluster_config()
+    pods = client.CoreV1Api().list_pod_for_all_namespaces(
+        field_selector=f"spec.nodeName={node}", _request_timeout=10
+    )
+    serialise = client.ApiClient().sanitize_for_serialization
+    return [serialise(pod) for pod in pods.items]
+
+
+def _build_checks(
+    args: argparse.Namespace, *, nvml: PynvmlReader | None
+) -> tuple[ChecksEndpoint, Scheduler | None] | None:
+    """The checks endpoint and schedule the flags ask for; None without --checks; ValueError for
+    flags that contradict each other or a bad schedule."""
+    if not args.checks:
+        return None
+    if args.checks_token_file is None and not args.checks_insecure_no_auth:
+        raise ValueError("--checks needs --checks-token-file FILE (or --checks-insecure-no-auth)")
+    if args.checks_token_file is not None and args.checks_insecure_no_auth:
+        raise ValueError("--checks-insecure-no-auth contradicts --checks-token-file")
+    token = None if args.checks_token_file is None else _read_token(args.checks_token_file)
+    checks = build_checks(args.checks, nvml=nvml, cuda=CudaBindingsDriver())
+    usage: list[UsageProbe] = []
+    if nvml is not None:
+        usage.append(NvmlProcesses())
+    if args.checks_node_pods:
+        if not args.node_name:
+            raise ValueError("--checks-node-pods needs --node-name (or NODE_NAME)")
+        node = args.node_name
+        usage.append(PodAccelerators(lambda: _list_node_pods(node)))
+    runner = CheckRunner(checks, nvml=nvml, usage=usage)
+    endpoint = ChecksEndpoint(runner, token, node=args.node_name)
+    if args.checks_schedule == "off":
+        return endpoint, None
+    try:
+        schedule = load_schedule(Path(args.checks_schedule) if args.checks_schedule else None, runner)
+    except ScheduleError as exc:
+        raise ValueError(str(exc)) from None
+    return endpoint, Scheduler(runner, schedule, node=args.node_name)

@@ -13,7 +13,8 @@ until :attr:`FakeNvml.release` is set, ``"delay": {call: seconds}`` makes a call
 NVML's throughput sampling does), and ``"errors": {call: error}`` makes one call fail. A GPU
 without ``"nvlink"`` has no NVLink. ``nvmlDeviceGetFieldValues`` answers only
 ``NVML_FI_DEV_NVLINK_GET_STATE`` (scoped by link), from ``nvlink.state``; ``"nvlink_state_field":
-false`` makes it answer NOT_SUPPORTED for every link, as for GPUs before Hopper.
+false`` makes it answer NOT_SUPPORTED for every link, as for GPUs before Hopper. ``"processes": [pid, ...]``
+lists the compute processes on a GPU.
 """
 
 from __future__ import annotations
@@ -313,6 +314,14 @@ class FakeNvml:
         return int(_value(self._gpu(handle, "nvmlDeviceGetPowerUsage")["power_mw"]))
 
     # -- events -------------------------------------------------------------------------------------
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeHandle) -> list[SimpleNamespace]:
+        gpu = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses")
+        return [SimpleNamespace(pid=pid, usedGpuMemory=1 << 30) for pid in _value(gpu.get("processes", []))]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: FakeHandle) -> list[SimpleNamespace]:
+        self._gpu(handle, "nvmlDeviceGetGraphicsRunningProcesses")
+        return []
 
     def nvmlEventSetCreate(self) -> object:
         self._count("nvmlEventSetCreate")
