@@ -136,8 +136,15 @@ fi
 
 # -- the image -------------------------------------------------------------------------------------
 say "building $IMAGE:$VERSION (revision $REVISION)"
+# The labels go in twice: as build arguments for the Containerfile's LABEL (what podman and docker
+# use), and as --label, because buildah's layer cache reuses a LABEL step whose arguments changed.
+labels=(
+    org.opencontainers.image.version="$VERSION" org.opencontainers.image.revision="$REVISION"
+    org.opencontainers.image.source="$SOURCE" org.opencontainers.image.licenses="$LICENSES"
+)
 buildah bud --quiet --layers --isolation="${BUILDAH_ISOLATION:-chroot}" \
     --build-arg VERSION="$VERSION" --build-arg REVISION="$REVISION" \
     --build-arg SOURCE="$SOURCE" --build-arg LICENSES="$LICENSES" \
+    "${labels[@]/#/--label=}" \
     --tag "$IMAGE:$VERSION" --file Containerfile . >/dev/null
 say "built $IMAGE:$VERSION"
