@@ -57,3 +57,18 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+# -- the container image (Containerfile) ------------------------------------------------------------
+# `make image` builds ghcr.io/accel-health/accel-health:VERSION (pyproject.toml) offline with buildah;
+# `make image-test` builds it and runs it (tests/image: umoci + runc). `make test` runs tests/image
+# too, but only where these tools are installed and the build cache is warm; it skips them otherwise.
+.PHONY: image image-test image-tools
+
+image-tools:
+	@bash scripts/install-image-tools.sh
+
+image: image-tools
+	bash scripts/image/build.sh
+
+image-test: image $(STAMP)
+	ACCEL_HEALTH_IMAGE_TEST=require $(BIN)/pytest tests/image

@@ -7,6 +7,7 @@ its one source outside deploy/ is written here, into deploy/, with a header nami
     examples/alertmanager.yaml    -> deploy/components/prometheus-operator/generated/alertmanagerconfig.yaml
     dashboards/*.json             -> deploy/components/prometheus-operator/generated/dashboards.yaml
     remediator/default_policy.yaml -> deploy/base/generated/remediator-policy.yaml
+    pyproject.toml (image, version) -> deploy/base/generated/image/kustomization.yaml
 
 `make manifests` rewrites them; tests/deploy/test_generated.py fails when a checked-in file differs
 from a fresh rendering, so an edited rule, route, dashboard or policy cannot be forgotten in deploy/.
@@ -21,6 +22,7 @@ import argparse
 import json
 import re
 import sys
+import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,9 @@ ALERTMANAGER_EXAMPLE = REPO / "examples" / "alertmanager.yaml"
 DEFAULT_POLICY = REPO / "remediator" / "default_policy.yaml"
 OPERATOR_GENERATED = REPO / "deploy" / "components" / "prometheus-operator" / "generated"
 BASE_GENERATED = REPO / "deploy" / "base" / "generated"
+PYPROJECT = REPO / "pyproject.toml"
+IMAGE_PLACEHOLDER = "accel-health"
+"""The image name the manifests write (`image: accel-health`); kustomize replaces it."""
 
 NAMESPACE = "accel-health"
 REMEDIATOR_RECEIVER = "accel-health-remediator"
@@ -267,6 +272,26 @@ def policy_configmap(policy: Path) -> dict[str, Any]:
     }
 
 
+def image_component(pyproject: Path) -> dict[str, Any]:
+    """The kustomize Component that names the image: [tool.accel-health.image] name, tagged with the
+    package version, which is also what `make image` tags (scripts/image/build.sh)."""
+    data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    try:
+        name = data["tool"]["accel-health"]["image"]["name"]
+        version = data["project"]["version"]
+    except KeyError:
+        raise RenderError(
+            f"{_shown(pyproject)}: the image needs [project] version and [tool.accel-health.image] name"
+        ) from None
+    if not isinstance(name, str) or not name or ":" in name.rsplit("/", 1)[-1]:
+        raise RenderError(f"{_shown(pyproject)}: image name {name!r} must be a name without a tag")
+    return {
+        "apiVersion": "kustomize.config.k8s.io/v1alpha1",
+        "kind": "Component",
+        "images": [{"name": IMAGE_PLACEHOLDER, "newName": name, "newTag": str(version)}],
+    }
+
+
 # -- all of it -----------------------------------------------------------------------------------
 
 
@@ -285,6 +310,9 @@ def render_all() -> dict[Path, str]:
         ),
         BASE_GENERATED / "remediator-policy.yaml": dump(
             [policy_configmap(DEFAULT_POLICY)], header=_header("remediator/default_policy.yaml")
+        ),
+        BASE_GENERATED / "image" / "kustomization.yaml": dump(
+            [image_component(PYPROJECT)], header=_header("pyproject.toml (image name and version)")
         ),
     }
 

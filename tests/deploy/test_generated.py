@@ -1,6 +1,7 @@
 """deploy/ repeats no source by hand: the checked-in renderings of alerts/*.yaml, the example
-Alertmanager routing, the dashboards and the default policy equal a fresh rendering, and the renderer
-picks up every rule file and refuses routing it cannot express."""
+Alertmanager routing, the dashboards, the default policy and the image named in pyproject.toml equal a
+fresh rendering, and the renderer picks up every rule file and refuses routing or image names it cannot
+express."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from scripts.render_manifests import (
     alertmanager_config,
     dashboard_configmaps,
     dashboard_files,
+    image_component,
     parse_matcher,
     prometheus_rule,
     render_all,
@@ -92,3 +94,31 @@ def test_every_dashboard_gets_a_configmap_the_grafana_sidecar_picks_up() -> None
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
         ((name, text),) = cm["data"].items()
         assert (REPO / "dashboards" / name).read_text() == text
+
+
+def test_the_image_component_names_the_pyproject_image_with_the_package_version(tmp_path: Path) -> None:
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text(
+        '[project]\nname = "x"\nversion = "1.2.3"\n\n'
+        '[tool.accel-health.image]\nname = "registry.example.com/team/accel-health"\n'
+    )
+    (image,) = image_component(pyproject)["images"]
+    assert image == {
+        "name": "accel-health",
+        "newName": "registry.example.com/team/accel-health",
+        "newTag": "1.2.3",
+    }
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ("", r"\[tool.accel-health.image\] name"),
+        ('[tool.accel-health.image]\nname = "ghcr.io/a/b:latest"\n', "without a tag"),
+    ],
+)
+def test_an_image_name_that_cannot_be_tagged_is_refused(tmp_path: Path, table: str, message: str) -> None:
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[project]\nname = "x"\nversion = "1.2.3"\n\n' + table)
+    with pytest.raises(RenderError, match=message):
+        image_component(pyproject)

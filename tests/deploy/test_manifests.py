@@ -8,6 +8,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -300,6 +301,13 @@ def test_exporter_targets_accelerator_nodes_and_requests_no_accelerator(
         "limits": {"cpu": "200m", "memory": "128Mi"},
     }
     assert {"operator": "Exists"} in pod["tolerations"]
+
+
+def test_every_container_runs_the_image_make_image_tags(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    expected = f"{project['tool']['accel-health']['image']['name']}:{project['project']['version']}"
+    images = {c["image"] for objects in rendered.values() for _, c in containers(objects)}
+    assert images == {expected}
 
 
 def test_exporter_arguments_are_ones_the_exporter_accepts(rendered: dict[str, list[dict[str, Any]]]) -> None:
