@@ -190,7 +190,7 @@ def _prometheus_cost(d: Deployment, before: dict[str, float], seconds: float) ->
             (own["process_cpu_seconds_total"] - before["process_cpu_seconds_total"]) / seconds, 4
         ),
         "rule_eval_seconds_per_cycle": round(own.get("prometheus_rule_group_last_duration_seconds", 0.0), 4),
-        "rule_groups": int(own.get("prometheus_rule_group_rules", 0)),
+        "rules": int(own.get("prometheus_rule_group_rules", 0)),
         "head_series": int(own.get("prometheus_tsdb_head_series", 0)),
         "resident_memory_mib": round(own.get("process_resident_memory_bytes", 0.0) / 2**20, 1),
         "samples_per_exporter_scrape": round(float(samples[0]["value"][1]), 1) if samples else None,
