@@ -1,7 +1,9 @@
 """``accel-health-exporter``: serves /metrics and /healthz for one node, and active checks on
 ``GET /checks`` (with ``--checks``; see :mod:`exporter.checks`).
 
-Stops cleanly (exit 0) on SIGTERM or SIGINT.
+Stops cleanly (exit 0) on SIGTERM or SIGINT. :func:`main`'s ``nvml_library`` and ``cuda_library`` stand
+in for the ``pynvml`` module and ``cuda.bindings.driver`` (the demo's simulated GPU node,
+``examples/fake_gpus.py``); None, the default, loads the real ones.
 """
 
 from __future__ import annotations
@@ -169,7 +171,7 @@ class _IPv6Server(ThreadingHTTPServer):
     address_family = socket.AF_INET6
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, nvml_library: Any = None, cuda_library: Any = None) -> int:
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error argparse already reported
@@ -192,12 +194,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         else KmsgStateStore(settings.state_dir, boot_id_path=settings.boot_id_path)
     )
     follower = KmsgFollower(settings.kmsg_path, state_store=store)
-    nvml = None if settings.nvml == "off" else PynvmlReader(timeout=settings.nvml_timeout)
+    nvml = (
+        None if settings.nvml == "off" else PynvmlReader(timeout=settings.nvml_timeout, library=nvml_library)
+    )
     if nvml is not None and settings.nvml == "on" and not (reading := nvml.read()).available:
         logger.error("--nvml=on but %s", reading.reason)
     sources = build_sources(settings, kmsg=follower, nvml=nvml)
     try:
-        built = _build_checks(args, nvml=nvml)
+        built = _build_checks(args, nvml=nvml, nvml_library=nvml_library, cuda_library=cuda_library)
     except (ValueError, OSError) as exc:
         logger.error("%s", exc)
         return 2
@@ -275,7 +279,11 @@ def _list_node_pods(node: str) -> list[Mapping[str, Any]]:
 
 
 def _build_checks(
-    args: argparse.Namespace, *, nvml: PynvmlReader | None
+    args: argparse.Namespace,
+    *,
+    nvml: PynvmlReader | None,
+    nvml_library: Any = None,
+    cuda_library: Any = None,
 ) -> tuple[ChecksEndpoint, Scheduler | None] | None:
     """The checks endpoint and schedule the flags ask for; None without --checks; ValueError for
     flags that contradict each other or a bad schedule."""
@@ -286,10 +294,10 @@ def _build_checks(
     if args.checks_token_file is not None and args.checks_insecure_no_auth:
         raise ValueError("--checks-insecure-no-auth contradicts --checks-token-file")
     token = None if args.checks_token_file is None else _read_token(args.checks_token_file)
-    checks = build_checks(args.checks, nvml=nvml, cuda=CudaBindingsDriver())
+    checks = build_checks(args.checks, nvml=nvml, cuda=CudaBindingsDriver(library=cuda_library))
     usage: list[UsageProbe] = []
     if nvml is not None:
-        usage.append(NvmlProcesses())
+        usage.append(NvmlProcesses(library=nvml_library))
     if args.checks_node_pods:
         if not args.node_name:
             raise ValueError("--checks-node-pods needs --node-name (or NODE_NAME)")
