@@ -256,14 +256,20 @@ def checks_source(runner: CheckRunner, scheduler: Scheduler | None) -> Source:
     )
 
 
-def _read_token(path: Path) -> str:
+def _warn_without_token(path: Path) -> None:
+    """A token file that is missing or empty at start is not fatal: a Secret whose token is set after
+    the DaemonSet keeps /metrics and the schedule running; GET /checks answers 503 meanwhile."""
     try:
-        token = path.read_text(encoding="utf-8").strip()
+        empty = not path.read_text(encoding="utf-8").strip()
     except OSError as exc:
-        raise ValueError(f"cannot read --checks-token-file {path}: {exc.strerror or exc}") from None
-    if not token:
-        raise ValueError(f"--checks-token-file {path} is empty")
-    return token
+        logger.warning(
+            "--checks-token-file %s: %s; GET /checks answers 503 until it holds a token", path, exc
+        )
+        return
+    if empty:
+        logger.warning(
+            "--checks-token-file %s is empty; GET /checks answers 503 until it holds a token", path
+        )
 
 
 def _list_node_pods(node: str) -> list[Mapping[str, Any]]:
@@ -293,7 +299,8 @@ def _build_checks(
         raise ValueError("--checks needs --checks-token-file FILE (or --checks-insecure-no-auth)")
     if args.checks_token_file is not None and args.checks_insecure_no_auth:
         raise ValueError("--checks-insecure-no-auth contradicts --checks-token-file")
-    token = None if args.checks_token_file is None else _read_token(args.checks_token_file)
+    if args.checks_token_file is not None:
+        _warn_without_token(args.checks_token_file)
     checks = build_checks(args.checks, nvml=nvml, cuda=CudaBindingsDriver(library=cuda_library))
     usage: list[UsageProbe] = []
     if nvml is not None:
@@ -304,7 +311,7 @@ def _build_checks(
         node = args.node_name
         usage.append(PodAccelerators(lambda: _list_node_pods(node)))
     runner = CheckRunner(checks, nvml=nvml, usage=usage)
-    endpoint = ChecksEndpoint(runner, token, node=args.node_name)
+    endpoint = ChecksEndpoint(runner, None, node=args.node_name, token_file=args.checks_token_file)
     if args.checks_schedule == "off":
         return endpoint, None
     try:
