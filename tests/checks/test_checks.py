@@ -141,6 +141,16 @@ def test_a_lost_gpu_is_an_nvml_checks_error_for_that_gpu() -> None:
     assert "lost" in result.devices[2].detail
 
 
+def test_a_node_without_an_nvidia_driver_skips_every_check_and_calls_no_cuda() -> None:
+    nvml = FakeNvml.from_fixture("h100x8")
+    nvml.init_error = "LIBRARY_NOT_FOUND"
+    runner, cuda, _ = make_runner(nvml=nvml)
+    results = {name: runner.run(name) for name in ("pciebw", "gpumem", "remapped", "power")}
+    assert {name: r.verdict for name, r in results.items()} == dict.fromkeys(results, "skipped")
+    assert "NVML unavailable" in results["remapped"].message
+    assert sum(cuda.calls.values()) == 0
+
+
 def test_dcgm_3_output_parses_per_test_and_gpu_with_the_leading_line() -> None:
     tests = parse_diag((FIXTURES / "dcgm3-r1-pass.txt").read_text())
     assert {t.gpu for t in tests} == {str(i) for i in range(8)}
