@@ -9,9 +9,11 @@ in for the ``pynvml`` module and ``cuda.bindings.driver`` (the demo's simulated 
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import threading
@@ -27,7 +29,9 @@ from prometheus_client import CollectorRegistry
 from exporter.checks.catalog import build_checks, parse_names
 from exporter.checks.cuda import CudaBindingsDriver
 from exporter.checks.endpoint import ChecksEndpoint, encode
+from exporter.checks.fanout import EXPORTER_SELECTOR
 from exporter.checks.metrics import check_metrics
+from exporter.checks.network import IperfServer
 from exporter.checks.runner import CheckRunner
 from exporter.checks.schedule import ScheduleError, Scheduler, load_schedule
 from exporter.checks.usage import NvmlProcesses, PodAccelerators, UsageProbe
@@ -93,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
         default=(),
         metavar="NAMES",
         help="checks this node offers on GET /checks and runs on a schedule: comma-separated "
-        "pciebw,gpumem,remapped,power,dcgm, or all (default: none)",
+        "pciebw,gpumem,remapped,power,dcgm,ping,iperf, or all (default: none)",
     )
     checks.add_argument(
         "--checks-token-file", type=Path, metavar="FILE", help="bearer token GET /checks requires"
@@ -115,6 +119,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="ask the Kubernetes API (in-cluster) for this node's pods: a pod requesting accelerators "
         "keeps invasive checks off the node (needs NODE_NAME and RBAC to list pods)",
+    )
+    checks.add_argument(
+        "--checks-peers-namespace",
+        default=os.environ.get("POD_NAMESPACE", "accel-health"),
+        metavar="NAMESPACE",
+        help="where ping/iperf find the other exporter pods (default: $POD_NAMESPACE or accel-health)",
     )
     checks.add_argument(
         "--node-name", default=os.environ.get("NODE_NAME", ""), help="this node's name (default: $NODE_NAME)"
@@ -284,6 +294,18 @@ def _list_node_pods(node: str) -> list[Mapping[str, Any]]:
     return [serialise(pod) for pod in pods.items]
 
 
+def _list_exporter_pods(namespace: str) -> list[Mapping[str, Any]]:
+    """The exporter pods (this one's peers, for ``ping``/``iperf``) through the in-cluster API."""
+    config: Any = importlib.import_module("kubernetes.config")
+    client: Any = importlib.import_module("kubernetes.client")
+    config.load_incluster_config()
+    pods = client.CoreV1Api().list_namespaced_pod(
+        namespace, label_selector=EXPORTER_SELECTOR, _request_timeout=10
+    )
+    serialise = client.ApiClient().sanitize_for_serialization
+    return [serialise(pod) for pod in pods.items]
+
+
 def _build_checks(
     args: argparse.Namespace,
     *,
@@ -301,7 +323,18 @@ def _build_checks(
         raise ValueError("--checks-insecure-no-auth contradicts --checks-token-file")
     if args.checks_token_file is not None:
         _warn_without_token(args.checks_token_file)
-    checks = build_checks(args.checks, nvml=nvml, cuda=CudaBindingsDriver(library=cuda_library))
+    namespace = args.checks_peers_namespace
+    checks = build_checks(
+        args.checks,
+        nvml=nvml,
+        cuda=CudaBindingsDriver(library=cuda_library),
+        peers=lambda: _list_exporter_pods(namespace),
+        node=args.node_name,
+    )
+    if "iperf" in args.checks and shutil.which("iperf3"):
+        server = IperfServer()  # peers measure to this node through it
+        server.start()
+        atexit.register(server.stop)
     usage: list[UsageProbe] = []
     if nvml is not None:
         usage.append(NvmlProcesses(library=nvml_library))
