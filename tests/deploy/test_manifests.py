@@ -15,6 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from exporter.checks.catalog import KNOWN
 from exporter.cli import _parser as exporter_parser
 from remediator.cli import _serve_parser as remediator_parser
 from scripts.render_manifests import REMEDIATOR_RECEIVER, TOKEN_SECRET
@@ -319,7 +320,7 @@ def test_every_overlay_enables_active_checks_with_the_token_secret_mounted_optio
         pod = find(objects, "DaemonSet", "accel-health-exporter")["spec"]["template"]["spec"]
         (container,) = pod["containers"]
         args = exporter_parser().parse_args(container["args"])
-        assert args.checks == ("pciebw", "gpumem", "remapped", "power", "dcgm"), overlay
+        assert args.checks == KNOWN, overlay
         assert args.checks_node_pods, overlay
         assert args.checks_schedule == "", overlay  # the defaults: cheap hourly, invasive daily
         mounts = {m["name"]: m for m in container["volumeMounts"]}
