@@ -174,8 +174,8 @@ def _network_note(device: DeviceResult) -> str:
     parts = []
     if "rtt_seconds" in device.values:
         parts.append(f"rtt {device.values['rtt_seconds'] * 1000:.2f} ms")
-    if "bits_per_second" in device.values:
-        parts.append(f"{device.values['bits_per_second'] / 1e9:.2f} Gbit/s")
+    if "bytes_per_second" in device.values:
+        parts.append(f"{device.values['bytes_per_second'] * 8 / 1e9:.2f} Gbit/s")
     return ", ".join([*parts, device.detail] if device.detail else parts)
 
 

@@ -12,7 +12,7 @@ already show it works.
   values ``reachable`` (1/0) and ``rtt_seconds``. A peer that answers nothing fails; one whose pod has
   no address on a network is not tried there.
 - ``iperf``: ``iperf3 -c <peer address> -B <own address> -J`` to every peer, one after the other (two
-  measurements at once would share the link); value ``bits_per_second`` (received). It needs an
+  measurements at once would share the link); value ``bytes_per_second`` (received). It needs an
   ``iperf3 -s`` on every peer, which :class:`IperfServer` runs beside the exporter when ``iperf`` is
   enabled. Where iperf3 is not installed the check is ``skipped``.
 
@@ -272,7 +272,7 @@ class IperfCheck(_NetworkCheck):
             except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
                 devices.append(DeviceResult(path.key, "fail", detail=f"iperf3 to {path.address}: {exc}"))
                 continue
-            devices.append(DeviceResult(path.key, "pass", {"bits_per_second": rate}))
+            devices.append(DeviceResult(path.key, "pass", {"bytes_per_second": rate / 8}))
         return _result(self.name, started, begun, devices, why)
 
 

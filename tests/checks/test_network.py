@@ -229,7 +229,7 @@ def test_iperf_measures_each_peer_with_a_server_and_fails_one_without(fabric: Fa
         server.stop()
     by_peer = {d.device: d for d in result.devices}
     assert by_peer["net1/node-b"].verdict == "pass"
-    assert by_peer["net1/node-b"].values["bits_per_second"] > 1e8  # a veth pair moves gigabits
+    assert by_peer["net1/node-b"].values["bytes_per_second"] > 1e8  # a veth pair moves gigabits per second
     assert by_peer["net1/node-c"].verdict == "fail"
     assert "iperf3" in by_peer["net1/node-c"].detail
     assert result.verdict == "fail"
