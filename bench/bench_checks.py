@@ -3,11 +3,15 @@ left out), and what it costs a GPU that is in use: nothing, because it does not 
 
 Prints, per check, the median wall time of a run on an idle 8-GPU node (``dcgm`` through a ``dcgmi``
 that prints a recorded DCGM 3.x answer), then, with a process on GPU 3, what a pciebw, gpumem and dcgm
-run did to GPU 3: the CUDA contexts made current on it and whether dcgmi was given it.
+run did to GPU 3: the CUDA contexts made current on it and whether dcgmi was given it. Last, a ping
+run to three peers and an iperf run to one over the loopback interface (real ping and iperf3, where
+installed), as the network checks' own cost.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -17,6 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python bench/bench_checks.py`: the fakes live in the tests package
     sys.path.insert(0, str(ROOT))
+from exporter.checks.base import CheckRequest  # noqa: E402
+from exporter.checks.network import IperfCheck, IperfServer, PingCheck  # noqa: E402
 from tests.checks.fake_cuda import h100x8  # noqa: E402 -- needs the path set up just above
 from tests.checks.helpers import fake_dcgmi, make_runner  # noqa: E402
 from tests.exporter.fake_nvml import FakeNvml  # noqa: E402
@@ -55,5 +61,51 @@ def main() -> None:
     print(f"  cost to the GPU in use: {cost} CUDA contexts or diagnostics run on it (0: checks skip it)")
 
 
+def _loopback_pods(peers: int) -> list[dict[str, object]]:
+    """Exporter pods whose secondary network is the loopback interface (addresses 127.0.0.N)."""
+    return [
+        {
+            "metadata": {
+                "annotations": {
+                    "k8s.v1.cni.cncf.io/network-status": json.dumps(
+                        [{"name": "bench/lo", "interface": "lo", "ips": [f"127.0.0.{n + 1}"]}]
+                    )
+                }
+            },
+            "spec": {"nodeName": f"node-{n}"},
+        }
+        for n in range(peers + 1)
+    ]
+
+
+def network() -> None:
+    if shutil.which("ping") is None:
+        print("ping: not installed, not measured")
+        return
+    pods = _loopback_pods(3)
+    began = time.perf_counter()
+    result = PingCheck(lambda: pods, node="node-0").run(CheckRequest(params={"count": "3"}))
+    took = time.perf_counter() - began
+    print(f"  ping      {took * 1000:7.2f} ms  ({result.verdict}; 3 peers, 3 pings each, 0.2 s apart)")
+    if shutil.which("iperf3") is None:
+        print("  iperf: iperf3 not installed, not measured")
+        return
+    server = IperfServer(port=15299)
+    server.start()
+    try:
+        time.sleep(0.5)
+        check = IperfCheck(lambda: pods[:2], node="node-0", port=15299)
+        began = time.perf_counter()
+        result = check.run(CheckRequest(params={"seconds": "1"}))
+        took = time.perf_counter() - began
+    finally:
+        server.stop()
+    rate = result.devices[0].values.get("bytes_per_second", 0.0) * 8 / 1e9 if result.devices else 0.0
+    what = f"{result.verdict}; 1 peer for 1 s: {rate:.1f} Gbit/s on loopback"
+    print(f"  iperf     {took * 1000:7.2f} ms  ({what})")
+
+
 if __name__ == "__main__":
     main()
+    print("network checks over the loopback interface:")
+    network()
