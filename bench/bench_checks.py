@@ -16,7 +16,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python bench/bench_checks.py`: the fakes live in the tests package
@@ -61,7 +63,7 @@ def main() -> None:
     print(f"  cost to the GPU in use: {cost} CUDA contexts or diagnostics run on it (0: checks skip it)")
 
 
-def _loopback_pods(peers: int) -> list[dict[str, object]]:
+def _loopback_pods(peers: int) -> list[Mapping[str, Any]]:
     """Exporter pods whose secondary network is the loopback interface (addresses 127.0.0.N)."""
     return [
         {
