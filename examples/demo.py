@@ -1,7 +1,8 @@
 """`make demo`: watch GPU and Neuron faults travel from the kernel log to a remediation decision.
 
-Runs examples/pipeline.py's real pipeline on loopback, writes three faults, prints the timeline and the
-remediator's (dry-run) decisions, and stops everything again, also on Ctrl-C.
+Runs examples/pipeline.py's real pipeline on loopback, runs `accel-health check` against gpu-node-1's
+simulated GPUs and prints its table, writes three faults, prints the timeline and the remediator's
+(dry-run) decisions, and stops everything again, also on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from examples.pipeline import (
     DEMO_FAULTS,
+    DEMO_GPUS,
     Event,
     Outcome,
     Pipeline,
@@ -95,6 +97,19 @@ def print_application_xid(outcome: Outcome) -> None:
         say("    (5 within an hour), and never ask for a node action.")
 
 
+def print_checks(pipeline: Pipeline) -> None:
+    """Runs ``accel-health check`` on the demo's GPU node, as an operator would, and shows its table."""
+    say()
+    busy = ", ".join(str(gpu) for gpu in DEMO_GPUS.busy)
+    say(f"Active checks on demand (simulated H100s; a training process holds GPU {busy}):")
+    command = pipeline.check_command()
+    say("  $ accel-health " + " ".join(command[1:]))
+    result = pipeline.run_checks()
+    for line in (result.stdout + result.stderr).rstrip().splitlines():
+        say(f"  {line}".rstrip())
+    say(f"  (exit status {result.returncode}; invasive checks never touch a GPU in use)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     del argv
     install_sigterm_handler()
@@ -112,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             )
             say(f"  {time.monotonic() - started:5.1f}s  Prometheus is scraping both exporters")
+            print_checks(pipeline)
             say()
             say("Timeline (seconds after the faults were written to the kernel logs)")
 

@@ -1,7 +1,8 @@
 """The whole accel-health pipeline on loopback, with nothing faked in the chain.
 
-Two simulated nodes (an exporter process each, reading a kernel-log file and a sysfs fixture tree),
-real Prometheus loading the rule files from alerts/, real Alertmanager routing with
+Two simulated nodes (an exporter process each, reading a kernel-log file and a sysfs fixture tree;
+gpu-node-1's also serves active checks on simulated GPUs, see examples/fake_gpus.py), real Prometheus
+loading the rule files from alerts/, real Alertmanager routing with
 examples/alertmanager.yaml, and the remediator in dry-run mode against the cluster snapshot in
 examples/. `make demo` prints what this module observes; tests/test_e2e.py asserts on it.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import os
 import re
 import secrets
 import shutil
@@ -36,6 +38,9 @@ NODES_DIR = REPO / "examples" / "nodes"
 SNAPSHOT = REPO / "examples" / "cluster-snapshot.yaml"
 ALERTMANAGER_CONFIG = REPO / "examples" / "alertmanager.yaml"
 RULES_DIR = REPO / "alerts"
+GPU_NODE = "gpu-node-1"
+CHECKS = ("pciebw", "gpumem", "remapped", "power")
+"""The checks gpu-node-1 offers: all but ``dcgm``, which needs DCGM installed."""
 
 _PR_SET_PDEATHSIG = 1
 _RECORD_PREFIX = re.compile(r"^\d+,(\d+),(\d+),")
@@ -88,6 +93,24 @@ DEMO_FAULTS: tuple[Fault, ...] = (
         alert_labels={"alertname": "AccelNeuronHardwareError", "node": "trn-node-1"},
     ),
 )
+
+
+@dataclass(frozen=True)
+class SimulatedGpus:
+    """How gpu-node-1's eight simulated H100s behave under active checks (examples/fake_gpus.py)."""
+
+    slow_pcie: Mapping[int, float] = field(default_factory=dict)
+    """GPU index -> GB/s it moves over PCIe each way (healthy ones move ~54)."""
+    busy: tuple[int, ...] = ()
+    """GPUs with a process on them: invasive checks leave them alone."""
+
+    def arguments(self) -> list[str]:
+        slow = [f"--fake-slow-pcie={gpu}={gbps:g}" for gpu, gbps in sorted(self.slow_pcie.items())]
+        return slow + [f"--fake-busy={gpu}" for gpu in self.busy]
+
+
+DEMO_GPUS = SimulatedGpus(busy=(6,))
+"""The demo's GPUs: all healthy, a training process on GPU 6."""
 
 
 @dataclass(frozen=True)
@@ -174,12 +197,16 @@ class Pipeline:
         workdir: Path,
         alertmanager_config: Path = ALERTMANAGER_CONFIG,
         extra_exporter_targets: Mapping[str, str] | None = None,
+        gpus: SimulatedGpus = DEMO_GPUS,
     ) -> None:
         self.workdir = workdir
+        self.gpus = gpus
         self.alertmanager_config = alertmanager_config
         self.extra_exporter_targets = dict(extra_exporter_targets or {})
         """More targets of the exporter job, node -> HOST:PORT (tests serve fixture expositions)."""
         self.token = secrets.token_urlsafe(24)
+        self.checks_token_file = workdir / "checks.token"
+        """The bearer token gpu-node-1's ``GET /checks`` requires."""
         self.processes: list[_Process] = []
         self.exporter_ports: dict[str, int] = {}
         self.kmsg_files: dict[str, Path] = {}
@@ -191,23 +218,37 @@ class Pipeline:
 
     def start(self, *, on_started: Callable[[str, str], None] = lambda _name, _detail: None) -> None:
         bindir = Path(sys.executable).parent
-        for node in ("gpu-node-1", "trn-node-1"):
+        self.checks_token_file.write_text(secrets.token_urlsafe(24) + "\n")
+        self.checks_token_file.chmod(0o600)
+        for node in (GPU_NODE, "trn-node-1"):
             kmsg = self.workdir / f"{node}.kmsg"
             shutil.copyfile(NODES_DIR / node / "kmsg", kmsg)
             self.kmsg_files[node] = kmsg
             port = free_port()
             self.exporter_ports[node] = port
-            self._spawn(
-                f"exporter {node}",
-                [
-                    str(bindir / "accel-health-exporter"),
-                    f"--listen=127.0.0.1:{port}",
-                    f"--kmsg={kmsg}",
-                    f"--sysfs-root={NODES_DIR / node / 'sys'}",
-                    "--nvml=off",
-                ],
-                ports=(port,),
-            )
+            common = [
+                f"--listen=127.0.0.1:{port}",
+                f"--kmsg={kmsg}",
+                f"--sysfs-root={NODES_DIR / node / 'sys'}",
+            ]
+            if node == GPU_NODE:
+                # The real exporter on simulated NVML and CUDA, offering checks on demand only.
+                argv = [
+                    sys.executable,
+                    "-m",
+                    "examples.fake_gpus",
+                    *self.gpus.arguments(),
+                    *common,
+                    "--nvml=on",
+                    f"--checks={','.join(CHECKS)}",
+                    f"--checks-token-file={self.checks_token_file}",
+                    "--checks-schedule=off",
+                    f"--node-name={node}",
+                ]
+                self._spawn(f"exporter {node}", argv, ports=(port,), env={"PYTHONPATH": str(REPO)})
+            else:
+                argv = [str(bindir / "accel-health-exporter"), *common, "--nvml=off"]
+                self._spawn(f"exporter {node}", argv, ports=(port,))
         token_file = self.workdir / "remediator.token"
         token_file.write_text(self.token + "\n")
         token_file.chmod(0o600)
@@ -323,6 +364,26 @@ class Pipeline:
             parts.append(f"--- {proc.name} (exit {proc.popen.poll()}) ---\n" + "\n".join(text))
         return "\n".join(parts)
 
+    def check_command(self, *args: str) -> list[str]:
+        """``accel-health check`` against the demo's GPU node (its exporter's ``GET /checks``)."""
+        return [
+            str(Path(sys.executable).parent / "accel-health"),
+            "check",
+            f"--endpoints={GPU_NODE}=http://127.0.0.1:{self.exporter_ports[GPU_NODE]}",
+            f"--token-file={self.checks_token_file}",
+            *args,
+        ]
+
+    def run_checks(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        """Runs ``accel-health check`` (a separate process, as an operator would) and returns its result."""
+        return subprocess.run(
+            self.check_command(*args), capture_output=True, text=True, timeout=timeout, check=False
+        )
+
+    def wait_until(self, what: str, check: Callable[[], bool], *, timeout: float) -> None:
+        """Waits for ``check`` to hold; raises :class:`PipelineError` (with the logs) after ``timeout``."""
+        self._wait_for(what, check, timeout=timeout)
+
     # -- fault injection -------------------------------------------------------------------------
 
     def write_fault(self, fault: Fault) -> None:
@@ -334,7 +395,14 @@ class Pipeline:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _spawn(self, name: str, argv: Sequence[str], *, ports: tuple[int, ...]) -> None:
+    def _spawn(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        ports: tuple[int, ...],
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         log = self.workdir / f"{name.replace(' ', '-')}.log"
         with log.open("wb") as out:
             popen = subprocess.Popen(
@@ -343,6 +411,7 @@ class Pipeline:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 cwd=self.workdir,
+                env={**os.environ, **env} if env else None,
                 # Own session: a Ctrl-C reaches the demo only, which then stops the parts in order.
                 start_new_session=True,
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 -- prctl only, no locks or threads touched
@@ -516,12 +585,16 @@ def fault_matches_alert(fault: Fault, labels: dict[str, str]) -> bool:
 
 
 __all__ = [
+    "CHECKS",
     "DEMO_FAULTS",
+    "DEMO_GPUS",
+    "GPU_NODE",
     "Event",
     "Fault",
     "Outcome",
     "Pipeline",
     "PipelineError",
+    "SimulatedGpus",
     "fault_matches_alert",
     "free_port",
     "install_sigterm_handler",

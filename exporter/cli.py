@@ -1,15 +1,19 @@
 """``accel-health-exporter``: serves /metrics and /healthz for one node, and active checks on
 ``GET /checks`` (with ``--checks``; see :mod:`exporter.checks`).
 
-Stops cleanly (exit 0) on SIGTERM or SIGINT.
+Stops cleanly (exit 0) on SIGTERM or SIGINT. :func:`main`'s ``nvml_library`` and ``cuda_library`` stand
+in for the ``pynvml`` module and ``cuda.bindings.driver`` (the demo's simulated GPU node,
+``examples/fake_gpus.py``); None, the default, loads the real ones.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import threading
@@ -25,7 +29,9 @@ from prometheus_client import CollectorRegistry
 from exporter.checks.catalog import build_checks, parse_names
 from exporter.checks.cuda import CudaBindingsDriver
 from exporter.checks.endpoint import ChecksEndpoint, encode
+from exporter.checks.fanout import EXPORTER_SELECTOR
 from exporter.checks.metrics import check_metrics
+from exporter.checks.network import IperfServer
 from exporter.checks.runner import CheckRunner
 from exporter.checks.schedule import ScheduleError, Scheduler, load_schedule
 from exporter.checks.usage import NvmlProcesses, PodAccelerators, UsageProbe
@@ -91,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
         default=(),
         metavar="NAMES",
         help="checks this node offers on GET /checks and runs on a schedule: comma-separated "
-        "pciebw,gpumem,remapped,power,dcgm, or all (default: none)",
+        "pciebw,gpumem,remapped,power,dcgm,ping,iperf, or all (default: none)",
     )
     checks.add_argument(
         "--checks-token-file", type=Path, metavar="FILE", help="bearer token GET /checks requires"
@@ -113,6 +119,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="ask the Kubernetes API (in-cluster) for this node's pods: a pod requesting accelerators "
         "keeps invasive checks off the node (needs NODE_NAME and RBAC to list pods)",
+    )
+    checks.add_argument(
+        "--checks-peers-namespace",
+        default=os.environ.get("POD_NAMESPACE", "accel-health"),
+        metavar="NAMESPACE",
+        help="where ping/iperf find the other exporter pods (default: $POD_NAMESPACE or accel-health)",
     )
     checks.add_argument(
         "--node-name", default=os.environ.get("NODE_NAME", ""), help="this node's name (default: $NODE_NAME)"
@@ -169,7 +181,7 @@ class _IPv6Server(ThreadingHTTPServer):
     address_family = socket.AF_INET6
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, nvml_library: Any = None, cuda_library: Any = None) -> int:
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error argparse already reported
@@ -192,12 +204,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         else KmsgStateStore(settings.state_dir, boot_id_path=settings.boot_id_path)
     )
     follower = KmsgFollower(settings.kmsg_path, state_store=store)
-    nvml = None if settings.nvml == "off" else PynvmlReader(timeout=settings.nvml_timeout)
+    nvml = (
+        None if settings.nvml == "off" else PynvmlReader(timeout=settings.nvml_timeout, library=nvml_library)
+    )
     if nvml is not None and settings.nvml == "on" and not (reading := nvml.read()).available:
         logger.error("--nvml=on but %s", reading.reason)
     sources = build_sources(settings, kmsg=follower, nvml=nvml)
     try:
-        built = _build_checks(args, nvml=nvml)
+        built = _build_checks(args, nvml=nvml, nvml_library=nvml_library, cuda_library=cuda_library)
     except (ValueError, OSError) as exc:
         logger.error("%s", exc)
         return 2
@@ -252,14 +266,20 @@ def checks_source(runner: CheckRunner, scheduler: Scheduler | None) -> Source:
     )
 
 
-def _read_token(path: Path) -> str:
+def _warn_without_token(path: Path) -> None:
+    """A token file that is missing or empty at start is not fatal: a Secret whose token is set after
+    the DaemonSet keeps /metrics and the schedule running; GET /checks answers 503 meanwhile."""
     try:
-        token = path.read_text(encoding="utf-8").strip()
+        empty = not path.read_text(encoding="utf-8").strip()
     except OSError as exc:
-        raise ValueError(f"cannot read --checks-token-file {path}: {exc.strerror or exc}") from None
-    if not token:
-        raise ValueError(f"--checks-token-file {path} is empty")
-    return token
+        logger.warning(
+            "--checks-token-file %s: %s; GET /checks answers 503 until it holds a token", path, exc
+        )
+        return
+    if empty:
+        logger.warning(
+            "--checks-token-file %s is empty; GET /checks answers 503 until it holds a token", path
+        )
 
 
 def _list_node_pods(node: str) -> list[Mapping[str, Any]]:
@@ -274,8 +294,24 @@ def _list_node_pods(node: str) -> list[Mapping[str, Any]]:
     return [serialise(pod) for pod in pods.items]
 
 
+def _list_exporter_pods(namespace: str) -> list[Mapping[str, Any]]:
+    """The exporter pods (this one's peers, for ``ping``/``iperf``) through the in-cluster API."""
+    config: Any = importlib.import_module("kubernetes.config")
+    client: Any = importlib.import_module("kubernetes.client")
+    config.load_incluster_config()
+    pods = client.CoreV1Api().list_namespaced_pod(
+        namespace, label_selector=EXPORTER_SELECTOR, _request_timeout=10
+    )
+    serialise = client.ApiClient().sanitize_for_serialization
+    return [serialise(pod) for pod in pods.items]
+
+
 def _build_checks(
-    args: argparse.Namespace, *, nvml: PynvmlReader | None
+    args: argparse.Namespace,
+    *,
+    nvml: PynvmlReader | None,
+    nvml_library: Any = None,
+    cuda_library: Any = None,
 ) -> tuple[ChecksEndpoint, Scheduler | None] | None:
     """The checks endpoint and schedule the flags ask for; None without --checks; ValueError for
     flags that contradict each other or a bad schedule."""
@@ -285,18 +321,30 @@ def _build_checks(
         raise ValueError("--checks needs --checks-token-file FILE (or --checks-insecure-no-auth)")
     if args.checks_token_file is not None and args.checks_insecure_no_auth:
         raise ValueError("--checks-insecure-no-auth contradicts --checks-token-file")
-    token = None if args.checks_token_file is None else _read_token(args.checks_token_file)
-    checks = build_checks(args.checks, nvml=nvml, cuda=CudaBindingsDriver())
+    if args.checks_token_file is not None:
+        _warn_without_token(args.checks_token_file)
+    namespace = args.checks_peers_namespace
+    checks = build_checks(
+        args.checks,
+        nvml=nvml,
+        cuda=CudaBindingsDriver(library=cuda_library),
+        peers=lambda: _list_exporter_pods(namespace),
+        node=args.node_name,
+    )
+    if "iperf" in args.checks and shutil.which("iperf3"):
+        server = IperfServer()  # peers measure to this node through it
+        server.start()
+        atexit.register(server.stop)
     usage: list[UsageProbe] = []
     if nvml is not None:
-        usage.append(NvmlProcesses())
+        usage.append(NvmlProcesses(library=nvml_library))
     if args.checks_node_pods:
         if not args.node_name:
             raise ValueError("--checks-node-pods needs --node-name (or NODE_NAME)")
         node = args.node_name
         usage.append(PodAccelerators(lambda: _list_node_pods(node)))
     runner = CheckRunner(checks, nvml=nvml, usage=usage)
-    endpoint = ChecksEndpoint(runner, token, node=args.node_name)
+    endpoint = ChecksEndpoint(runner, None, node=args.node_name, token_file=args.checks_token_file)
     if args.checks_schedule == "off":
         return endpoint, None
     try:

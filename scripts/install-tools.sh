@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what `make test` runs besides Python, from Debian, only where missing: Prometheus, promtool,
-# Alertmanager and amtool, and kubectl (which renders deploy/ with its built-in kustomize).
+# Alertmanager and amtool, ping and iperf3, and kubectl (which renders deploy/ with its built-in kustomize).
 set -euo pipefail
 need=()
 command -v prometheus >/dev/null && command -v promtool >/dev/null || need+=(prometheus)
@@ -8,6 +8,9 @@ command -v prometheus-alertmanager >/dev/null && command -v amtool >/dev/null ||
 # Debian's kubectl (kubernetes-client) is old: it embeds kustomize v2, which cannot render components,
 # so tests/deploy skip with that reason. A kubectl >= 1.21 (any current one) renders everything.
 command -v kubectl >/dev/null || need+=(kubernetes-client)
+# The ping and iperf checks' tests run the real tools in network namespaces.
+command -v ping >/dev/null || need+=(iputils-ping)
+command -v iperf3 >/dev/null || need+=(iperf3)
 [ ${#need[@]} -eq 0 ] && exit 0
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"

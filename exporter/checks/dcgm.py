@@ -169,6 +169,9 @@ class DcgmDiagCheck:
         except DcgmOutputError as exc:
             output = (stderr.strip() or stdout.strip())[-300:]
             return done("error", f"{exc} (exit status {status}): {output}")
+        if request.gpus is not None:  # only the GPUs it was given (never report on a busy one)
+            given = {str(gpu.index) for gpu in request.gpus}
+            tests = [t for t in tests if t.gpu in given]
         if not tests:
             return done("error", f"dcgmi diag reported no test results (exit status {status})")
         bus_ids = {str(gpu.index): gpu.pci_bus_id for gpu in request.gpus or ()}

@@ -5,7 +5,11 @@ file (a Secret); compared in constant time. Answers:
 
 - 200 with ``{"node", "verdict", "results": [...]}`` whether the checks passed or not (the verdict says);
 - 400 for an unknown check or a bad parameter (nothing runs);
-- 401 without the right token; 404 where the exporter offers no checks.
+- 401 without the right token; 404 where the exporter offers no checks;
+- 503 while the token file is missing or empty (a Secret whose token has not been set yet).
+
+The token file is read on every request, so a rotated Secret takes effect without a restart, and an
+exporter whose token is not set yet still serves /metrics and runs its scheduled checks.
 
 Without ``check=`` (or with ``check=all``) it runs every check this exporter offers except ``iperf``,
 which loads other nodes too; name it to run it.
@@ -18,6 +22,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
+from pathlib import Path
 from urllib.parse import parse_qs
 
 from exporter.checks.base import CheckInputError, worst
@@ -30,19 +35,37 @@ ON_DEMAND_DEFAULT_EXCLUDED = frozenset({"iperf"})
 class ChecksEndpoint:
     runner: CheckRunner
     token: str | None
-    """The bearer token; None serves without authentication (``--checks-insecure-no-auth``)."""
+    """The bearer token; None with no ``token_file`` serves without authentication
+    (``--checks-insecure-no-auth``)."""
     node: str = ""
+    token_file: Path | None = None
+    """Where the token is read from on every request (``--checks-token-file``); overrides ``token``."""
 
-    def authorised(self, header: str | None) -> bool:
-        if self.token is None:
+    def expected_token(self) -> str | None:
+        """The token requests must carry now; "" while the token file is missing or empty."""
+        if self.token_file is None:
+            return self.token
+        try:
+            return self.token_file.read_text(encoding="utf-8").strip()
+        except OSError:
+            return ""
+
+    def authorised(self, header: str | None, expected: str | None = None) -> bool:
+        expected = self.expected_token() if expected is None else expected
+        if expected is None:
             return True
         scheme, _, given = (header or "").partition(" ")
-        if scheme.lower() != "bearer":
+        if scheme.lower() != "bearer" or not expected:
             return False
-        return hmac.compare_digest(given.strip().encode(), self.token.encode())
+        return hmac.compare_digest(given.strip().encode(), expected.encode())
 
     def handle(self, query: str, authorization: str | None) -> tuple[HTTPStatus, dict[str, object]]:
-        if not self.authorised(authorization):
+        expected = self.expected_token()
+        if expected == "":
+            return HTTPStatus.SERVICE_UNAVAILABLE, {
+                "error": f"on-demand checks are off until {self.token_file} holds a token"
+            }
+        if not self.authorised(authorization, expected):
             return HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"}
         try:
             fields = parse_qs(query, keep_blank_values=True, strict_parsing=bool(query), max_num_fields=50)

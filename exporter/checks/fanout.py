@@ -7,7 +7,8 @@ pods labelled ``app.kubernetes.io/name=accel-health-exporter`` in ``--namespace`
 reached at ``http://<pod IP>:9835/checks``. ``--endpoints node=URL,...`` names them instead (a
 port-forward, a demo). At most ``--batch`` nodes run at once. Prints one table per run, a row per node,
 check and quantity, a column per GPU (failed values marked ``!``, GPUs left out because in use
-``busy``), then a summary; ``--json`` prints the nodes' answers instead.
+``busy``); network checks (``ping``, ``iperf``) a row per interface and peer; then a summary.
+``--json`` prints the nodes' answers instead.
 
 Exit status: 0 when every node passed (or had nothing idle to check), 1 when a node failed a check, a
 check could not measure, or a node did not answer; 2 for a usage error.
@@ -32,6 +33,8 @@ from exporter.checks.base import CheckResult, DeviceResult, Verdict, worst
 
 EXPORTER_SELECTOR = "app.kubernetes.io/name=accel-health-exporter"
 EXPORTER_PORT = 9835
+NETWORK_CHECKS = frozenset({"ping", "iperf"})
+"""Checks whose devices are ``interface/peer``: a row each, not a GPU column."""
 
 _UNITS = {
     "host_to_device": ("h2d GB/s", 1e9),
@@ -151,6 +154,9 @@ def _rows(answer: NodeAnswer) -> list[tuple[str, str, str, str, dict[str, str], 
         return [(answer.node, "-", "", "ERROR", {}, answer.error)]
     rows = []
     for result in answer.results:
+        if result.check in NETWORK_CHECKS:
+            rows.extend(_network_rows(answer.node, result))
+            continue
         gpus = [d for d in result.devices if d.device]
         quantities = [q for q in _UNITS if any(q in d.values for d in gpus)] or [""]
         for i, quantity in enumerate(quantities):
@@ -162,6 +168,32 @@ def _rows(answer: NodeAnswer) -> list[tuple[str, str, str, str, dict[str, str], 
                 (answer.node if i == 0 else "", result.check if i == 0 else "", label, verdict, cells, note)
             )
     return rows
+
+
+def _network_note(device: DeviceResult) -> str:
+    parts = []
+    if "rtt_seconds" in device.values:
+        parts.append(f"rtt {device.values['rtt_seconds'] * 1000:.2f} ms")
+    if "bytes_per_second" in device.values:
+        parts.append(f"{device.values['bytes_per_second'] * 8 / 1e9:.2f} Gbit/s")
+    return ", ".join([*parts, device.detail] if device.detail else parts)
+
+
+def _network_rows(node: str, result: CheckResult) -> list[tuple[str, str, str, str, dict[str, str], str]]:
+    """One row per interface/peer (no GPU columns): the peer's verdict and what was measured."""
+    if not result.devices:
+        return [(node, result.check, "", result.verdict.upper(), {}, result.message)]
+    return [
+        (
+            node if i == 0 else "",
+            result.check if i == 0 else "",
+            device.device,
+            device.verdict.upper(),
+            {},
+            _network_note(device),
+        )
+        for i, device in enumerate(result.devices)
+    ]
 
 
 def render(answers: Sequence[NodeAnswer], out: TextIO, *, width: int = 60) -> None:

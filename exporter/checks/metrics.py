@@ -9,7 +9,7 @@ passed), ``accel_check_duration_seconds``, ``accel_check_interval_seconds`` (the
 - ``accel_check_memory_bandwidth_bytes_per_second{gpu, pci_bus_id}`` (``gpumem``)
 - ``accel_check_dcgm_test_status{gpu, test, status}``: 1 for the status DCGM gave (``dcgm``)
 - ``accel_check_peer_reachable{interface, peer}``, ``accel_check_peer_rtt_seconds{interface, peer}``
-  (``ping``), ``accel_check_network_bandwidth_bits_per_second{interface, peer}`` (``iperf``)
+  (``ping``), ``accel_check_network_bandwidth_bytes_per_second{interface, peer}`` (``iperf``)
 - ``accel_check_gpu_passed{check, gpu, pci_bus_id}``: 1 when the GPU passed the check, 0 when it failed
 
 A check that has not run yet publishes nothing but its interval.
@@ -82,8 +82,8 @@ def check_metrics(  # noqa: PLR0912  one branch per family; splitting hides the 
         labels=["interface", "peer"],
     )
     network = GaugeMetricFamily(
-        "accel_check_network_bandwidth_bits_per_second",
-        "Measured TCP bandwidth to the peer (iperf).",
+        "accel_check_network_bandwidth_bytes_per_second",
+        "Measured TCP bandwidth to the peer, bytes received per second (iperf).",
         labels=["interface", "peer"],
     )
     passed = GaugeMetricFamily(
@@ -126,8 +126,8 @@ def check_metrics(  # noqa: PLR0912  one branch per family; splitting hides the 
                     reachable.add_metric([interface, peer], values["reachable"])
                 if "rtt_seconds" in values:
                     rtt.add_metric([interface, peer], values["rtt_seconds"])
-                if "bits_per_second" in values:
-                    network.add_metric([interface, peer], values["bits_per_second"])
+                if "bytes_per_second" in values:
+                    network.add_metric([interface, peer], values["bytes_per_second"])
         if name == "dcgm":
             for test in result.extra.get("tests", []):
                 dcgm.add_metric([str(test["gpu"]), str(test["test"]), str(test["status"])], 1.0)

@@ -8,7 +8,8 @@ collector reads (bounded calls, a wedged GPU reported, never waited for), so the
 - ``power`` fails a GPU whose clocks are held down by the hardware: an external power brake, or
   hardware slowdown (set by the power brake, by thermal slowdown, or on its own).
 
-A GPU NVML cannot read (lost, timed out, stuck) is an ``error`` for both.
+A GPU NVML cannot read (lost, timed out, stuck) is an ``error`` for both; without NVML at all (no
+NVIDIA driver on the node) both are ``skipped``, as invasive checks are.
 """
 
 from __future__ import annotations
@@ -82,7 +83,11 @@ class _NvmlCheck:
         started, begun = time.time(), time.monotonic()
         snapshot = self._reader.read()
         if not snapshot.available:
-            return CheckResult(self.name, "error", started, time.monotonic() - begun, message=snapshot.reason)
+            # As the runner skips invasive checks without NVML: a node with no NVIDIA driver (a Trainium
+            # node under the same DaemonSet) has nothing to check; a GPU node whose driver broke is
+            # already reported by the NVML collector (accel_exporter_collector_up{collector="nvml"} 0).
+            message = f"NVML unavailable: {snapshot.reason}"
+            return CheckResult(self.name, "skipped", started, time.monotonic() - begun, message=message)
         devices = []
         for gpu in snapshot.gpus:
             if gpu.status != "ok":

@@ -141,6 +141,26 @@ def test_a_lost_gpu_is_an_nvml_checks_error_for_that_gpu() -> None:
     assert "lost" in result.devices[2].detail
 
 
+def test_a_node_without_an_nvidia_driver_skips_every_check_and_calls_no_cuda() -> None:
+    nvml = FakeNvml.from_fixture("h100x8")
+    nvml.init_error = "LIBRARY_NOT_FOUND"
+    runner, cuda, _ = make_runner(nvml=nvml)
+    results = {name: runner.run(name) for name in ("pciebw", "gpumem", "remapped", "power")}
+    assert {name: r.verdict for name, r in results.items()} == dict.fromkeys(results, "skipped")
+    assert "NVML unavailable" in results["remapped"].message
+    assert sum(cuda.calls.values()) == 0
+
+
+def test_dcgm_reports_only_the_gpus_it_was_given_even_when_dcgmi_answers_for_all(tmp_path: Path) -> None:
+    nvml = FakeNvml.from_fixture("h100x8")
+    nvml.gpus[6]["processes"] = [4248]
+    dcgmi = str(fake_dcgmi(tmp_path, "dcgm4-r2-fail.json", status=226))  # answers for all 8 GPUs
+    result = make_runner(nvml=nvml, names=("dcgm",), dcgmi=dcgmi)[0].run("dcgm")
+    assert "-i 0,1,2,3,4,5,7" in (tmp_path / "dcgmi.args").read_text()
+    assert [(d.device, d.verdict) for d in result.devices if d.device == "6"] == [("6", "skipped")]
+    assert "6" not in {str(t["gpu"]) for t in result.extra["tests"]}
+
+
 def test_dcgm_3_output_parses_per_test_and_gpu_with_the_leading_line() -> None:
     tests = parse_diag((FIXTURES / "dcgm3-r1-pass.txt").read_text())
     assert {t.gpu for t in tests} == {str(i) for i in range(8)}

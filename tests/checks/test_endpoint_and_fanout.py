@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from exporter.checks.base import CheckResult, DeviceResult
 from exporter.checks.endpoint import ChecksEndpoint
-from exporter.checks.fanout import main
+from exporter.checks.fanout import NodeAnswer, main, render
 from exporter.cli import checks_source, make_handler
 from exporter.sources import build_registry
 from tests.checks.fake_cuda import FakeGpu, h100x8
@@ -224,3 +225,28 @@ def test_usage_errors_exit_2_with_the_reason(
 ) -> None:
     assert main(argv, out=io.StringIO()) == 2
     assert error in capsys.readouterr().err
+
+
+def test_network_checks_get_a_row_per_interface_and_peer_and_no_gpu_columns() -> None:
+    ping = CheckResult(
+        "ping",
+        "fail",
+        0.0,
+        2.1,
+        (
+            DeviceResult("net1/gpu-node-2", "pass", {"reachable": 1.0, "rtt_seconds": 4.2e-5}),
+            DeviceResult("net1/gpu-node-3", "fail", {"reachable": 0.0}, detail="10.219.7.3 unreachable"),
+        ),
+    )
+    iperf = CheckResult(
+        "iperf", "pass", 0.0, 5.2, (DeviceResult("net1/gpu-node-2", "pass", {"bytes_per_second": 1.17e10}),)
+    )
+    out = io.StringIO()
+    render([NodeAnswer("gpu-node-1", "fail", (ping, iperf))], out)
+    lines = out.getvalue().splitlines()
+    assert "GPU" not in lines[0]
+    assert lines[1].split()[:4] == ["gpu-node-1", "ping", "net1/gpu-node-2", "PASS"]
+    assert lines[1].endswith("rtt 0.04 ms")
+    assert lines[2].split() == ["net1/gpu-node-3", "FAIL", "10.219.7.3", "unreachable"]
+    assert lines[3].split() == ["gpu-node-1", "iperf", "net1/gpu-node-2", "PASS", "93.60", "Gbit/s"]
+    assert "1 node(s) checked, 1 failed: gpu-node-1 (ping)" in out.getvalue()

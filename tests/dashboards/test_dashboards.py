@@ -1,7 +1,8 @@
 """The Grafana dashboards: their structure (stable uids, a Prometheus datasource variable, node and
 GPU variables, only series that exist), and every panel's queries run against real Prometheus
-scraping the exporters on the fixture nodes, the remediator and the NVML fixture, with a fault
-injected: a query error or a panel without data fails the test."""
+scraping the exporters on the fixture nodes, the remediator and the NVML and checks fixtures, after
+an on-demand `accel-health check` and with a fault injected: a query error or a panel without data
+fails the test."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ from examples.pipeline import DEMO_FAULTS, Fault, Pipeline, PipelineError, http_
 REPO = Path(__file__).resolve().parent.parent.parent
 DASHBOARDS = {"fleet-overview.json": "accel-health-fleet", "node-detail.json": "accel-health-node"}
 NVML_FIXTURE = REPO / "tests" / "fixtures" / "dashboards" / "nvml-gpu-node-1.prom"
+CHECKS_FIXTURE = REPO / "tests" / "fixtures" / "dashboards" / "checks-gpu-node-1.prom"
+"""The dcgm, ping and iperf series, which the demo's GPU node (no DCGM, no secondary network) lacks;
+its pciebw, gpumem, remapped and power series come from a real `accel-health check` run."""
 GOLDEN = REPO / "tests" / "fixtures" / "golden"
 PENDING_METRICS = {"accel_remediator_breaker_open": "the storm breaker's gauge, with the breaker itself"}
 """Metrics a panel shows that no component exports yet. A panel made of these alone may be empty,
@@ -140,8 +144,8 @@ def test_queries_name_only_series_that_exist(name: str) -> None:
 # -- against real Prometheus -----------------------------------------------------------------------
 
 
-def _serve_file(path: Path) -> ThreadingHTTPServer:
-    body = path.read_bytes()
+def _serve_files(*paths: Path) -> ThreadingHTTPServer:
+    body = b"".join(path.read_bytes() for path in paths)
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -195,7 +199,7 @@ def substitute(expr: str, scope: dict[str, str]) -> str:
 def live() -> Iterator[Live]:
     if not (shutil.which("prometheus") and shutil.which("prometheus-alertmanager")):
         pytest.skip("needs Prometheus and Alertmanager (make test installs them)")
-    server = _serve_file(NVML_FIXTURE)
+    server = _serve_files(NVML_FIXTURE, CHECKS_FIXTURE)
     try:
         with scratch_dir() as workdir:
             pipeline = Pipeline(
@@ -204,6 +208,8 @@ def live() -> Iterator[Live]:
             )
             try:
                 pipeline.start()
+                checked = pipeline.run_checks()  # the check panels' series, as an operator makes them
+                assert checked.returncode == 0, checked.stdout + checked.stderr
                 for fault in FAULTS:
                     pipeline.write_fault(fault)
                 deadline = time.monotonic() + 40.0

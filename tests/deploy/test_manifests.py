@@ -16,6 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from exporter.checks.catalog import KNOWN
 from exporter.cli import _parser as exporter_parser
 from remediator.cli import _serve_parser as remediator_parser
 from scripts.render_manifests import REMEDIATOR_RECEIVER, TOKEN_SECRET
@@ -299,7 +300,8 @@ def test_exporter_targets_accelerator_nodes_and_requests_no_accelerator(
     resources = container["resources"]
     assert resources == {
         "requests": {"cpu": "20m", "memory": "48Mi"},
-        "limits": {"cpu": "200m", "memory": "128Mi"},
+        # The active-checks component raises the limit from 128Mi for a CUDA context and copy buffers.
+        "limits": {"cpu": "200m", "memory": "768Mi"},
     }
     assert {"operator": "Exists"} in pod["tolerations"]
 
@@ -318,6 +320,34 @@ def test_exporter_arguments_are_ones_the_exporter_accepts(rendered: dict[str, li
     assert args.listen == ("0.0.0.0", 9835)
     assert str(args.state_dir) == "/var/lib/accel-health"
     assert container["ports"][0]["containerPort"] == 9835
+
+
+def test_every_overlay_enables_active_checks_with_the_token_secret_mounted_optional(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    for overlay, objects in rendered.items():
+        pod = find(objects, "DaemonSet", "accel-health-exporter")["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        args = exporter_parser().parse_args(container["args"])
+        assert args.checks == KNOWN, overlay
+        assert args.checks_node_pods, overlay
+        assert args.checks_schedule == "", overlay  # the defaults: cheap hourly, invasive daily
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert str(args.checks_token_file.parent) == mounts["checks-token"]["mountPath"]
+        assert mounts["checks-token"]["readOnly"] is True
+        secret = volumes["checks-token"]["secret"]
+        assert secret["secretName"] == "accel-health-checks-token"
+        # Optional: the exporter (metrics, schedule) runs before the token is set; GET /checks says 503.
+        assert secret["optional"] is True
+        shipped = find(objects, "Secret", "accel-health-checks-token")
+        assert "data" not in shipped
+        assert "stringData" not in shipped
+        env = {e["name"]: e for e in container["env"]}
+        assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+        assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "compute,utility"
+        assert pod["automountServiceAccountToken"] is True
+        assert "nvidia.com/gpu" not in str(container["resources"])
 
 
 def test_scrape_config_sets_node_from_the_pod_node_name_and_job_matches_the_rules(
@@ -409,6 +439,8 @@ EXPECTED_RBAC = {
         ("", "configmaps"): {"get", "create", "update"},
     },
     ("Role", "accel-health-remediator-events"): {("", "events"): {"create", "patch"}},
+    # The exporter's only permission (components/active-checks): its node's pods, for --checks-node-pods.
+    ("ClusterRole", "accel-health-exporter"): {("", "pods"): {"list"}},
 }
 
 
@@ -434,11 +466,13 @@ def test_rbac_grants_exactly_the_listed_permissions_and_no_wildcards(
             assert rule.get("resourceNames") == named[resource], rule
     bindings = [o for o in objects if o["kind"] in {"RoleBinding", "ClusterRoleBinding"}]
     for binding in bindings:
+        account = binding["roleRef"]["name"].removesuffix("-events")
+        assert account in {"accel-health-remediator", "accel-health-exporter"}
         assert binding["subjects"] == [
-            {"kind": "ServiceAccount", "name": "accel-health-remediator", "namespace": "accel-health"}
+            {"kind": "ServiceAccount", "name": account, "namespace": "accel-health"}
         ]
     exporter_sa = find(objects, "ServiceAccount", "accel-health-exporter")
-    assert exporter_sa["automountServiceAccountToken"] is False
+    assert exporter_sa["automountServiceAccountToken"] is True
 
 
 def test_aws_overlay_annotates_the_service_account_for_iam_and_enables_aws(
@@ -465,7 +499,17 @@ def test_network_policies_admit_alertmanager_and_prometheus_on_the_service_ports
     assert sources == {"alertmanager", "prometheus"}
     assert ingress["ports"] == [{"port": 9836, "protocol": "TCP"}]
     exporter = find(objects, "NetworkPolicy", "accel-health-exporter")
-    assert exporter["spec"]["egress"] == []
+    sources = {
+        p["podSelector"]["matchLabels"]["app.kubernetes.io/name"]
+        for rule in exporter["spec"]["ingress"]
+        for p in rule["from"]
+    }
+    assert sources == {"prometheus", "accel-health-check"}
+    assert all(rule["ports"] == [{"port": 9835, "protocol": "TCP"}] for rule in exporter["spec"]["ingress"])
+    # Only the API server (its node's pods); nothing else.
+    assert exporter["spec"]["egress"] == [
+        {"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]}
+    ]
 
 
 @needs_promtool

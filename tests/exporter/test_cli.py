@@ -6,6 +6,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -142,3 +143,44 @@ def test_metrics_are_served_in_the_text_format_whatever_the_scraper_accepts(gpu_
         body = response.read().decode()
     assert "# EOF" not in body
     assert 'accel_pci_devices{vendor="nvidia"} 8.0' in body
+
+
+def _get(url: str, token: str | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(url)  # noqa: S310 -- loopback URL
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310 -- loopback URL
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_checks_wait_for_a_token_set_after_start_and_follow_its_rotation(tmp_path: Path) -> None:
+    token_file = tmp_path / "secret" / "token"
+    running = start_exporter(
+        GPU_NODE,
+        tmp_path,
+        "--nvml=off",
+        "--checks=pciebw",
+        f"--checks-token-file={token_file}",
+        "--checks-schedule=off",
+    )
+    try:
+        assert "accel_exporter_collector_up" in running.scrape()
+        status, body = _get(running.url + "/checks", "anything")
+        assert status == 503
+        assert f"until {token_file} holds a token" in body
+
+        token_file.parent.mkdir()
+        token_file.write_text("first-token\n")
+        assert _get(running.url + "/checks?check=pciebw", "first-token")[0] == 200
+        token_file.write_text("second-token\n")
+        assert _get(running.url + "/checks?check=pciebw", "first-token")[0] == 401
+        assert _get(running.url + "/checks?check=pciebw", "second-token")[0] == 200
+        token_file.write_text("")
+        assert _get(running.url + "/checks?check=pciebw", "second-token")[0] == 503
+    finally:
+        running.process.terminate()
+        running.process.wait(timeout=5)
+    assert "GET /checks answers 503 until it holds a token" in running.log.read_text()
