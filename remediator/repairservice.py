@@ -16,6 +16,15 @@ from remediator.cluster import Cluster
 from remediator.repair import RepairCollector, RepairLoop, Verifier
 
 REPAIR = web.AppKey("repair", RepairLoop)
+TAKES_OUT = frozenset({"condition", "cordon", "taint", "drain"})
+
+
+def wants_a_look(record: DecisionRecord) -> bool:
+    """A decision after which the loop looks again at once: a node was taken out (its quarantine is
+    recorded with the boot id it has now), or an alert resolved (a repaired node may be returnable)."""
+    if record.action in ("return_to_pool", "quarantine", "escalate", "verify"):
+        return False  # the loop's own decisions
+    return record.status == "resolved" or (record.outcome == "done" and record.action in TAKES_OUT)
 
 
 def install(
@@ -38,11 +47,7 @@ def install(
     app[REPAIR] = loop
     app[METRICS].registry.register(RepairCollector(loop))
 
-    def acted(record: DecisionRecord) -> None:
-        if record.outcome == "done" and record.action in ("condition", "cordon", "taint", "drain"):
-            loop.poke()
-
-    engine.subscribe(acted)
+    engine.subscribe(lambda record: loop.poke() if wants_a_look(record) else None)
 
     async def run(_app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(loop.run(should_run=should_run), name="repair-loop")
