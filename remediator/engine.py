@@ -127,6 +127,7 @@ _DONE_REASONS = {
     "taint": "AccelTainted",
     "drain": "AccelDrainFinished",
     "aws_set_unhealthy": "AccelInstanceMarkedUnhealthy",
+    "aws_reboot": "AccelInstanceRebooted",
     "uncordon": "AccelUncordoned",
     "untaint": "AccelUntainted",
 }

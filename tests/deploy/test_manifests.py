@@ -18,6 +18,7 @@ import yaml
 
 from exporter.cli import _parser as exporter_parser
 from remediator.cli import _serve_parser as remediator_parser
+from remediator.policy import AwsReboot, CloudWatchMetric, load_policy, parse_policy
 from scripts.render_manifests import REMEDIATOR_RECEIVER, TOKEN_SECRET
 from tests.deploy.kube import DEPLOY, OVERLAYS, REPO, containers, find, kubectl_problem, render
 
@@ -387,6 +388,20 @@ def test_remediator_runs_two_replicas_with_readiness_on_leadership(
 def test_the_policy_configmap_is_the_default_policy(rendered: dict[str, list[dict[str, Any]]]) -> None:
     policy = find(rendered["dry-run"], "ConfigMap", "accel-health-remediator-policy")
     assert policy["data"]["policy.yaml"] == (REPO / "remediator" / "default_policy.yaml").read_text()
+
+
+def test_the_aws_overlay_policy_publishes_a_cloudwatch_metric_for_every_rule_that_acts(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    text = find(rendered["aws"], "ConfigMap", "accel-health-remediator-policy")["data"]["policy.yaml"]
+    aws = parse_policy(text, source="aws overlay")
+    default = load_policy()
+    assert [r.name for r in aws.rules] == [r.name for r in default.rules]
+    for ours, base in zip(aws.rules, default.rules, strict=True):
+        metrics = [a for a in ours.actions if isinstance(a, CloudWatchMetric)]
+        assert len(metrics) == (1 if base.actions else 0), ours.name
+        assert [a for a in ours.actions if not isinstance(a, CloudWatchMetric)] == list(base.actions)
+    assert any(isinstance(a, AwsReboot) for r in aws.rules for a in r.actions)
 
 
 def test_no_token_value_is_shipped(rendered: dict[str, list[dict[str, Any]]]) -> None:
