@@ -223,6 +223,9 @@ class RepairLoop:
         self._publish = publish
         self._clock = clock
         self._dry_run = dry_run
+        self._planned: set[tuple[str, str, str]] = set()
+        """(node, action, boot id) already planned in dry-run: nothing is written, so each pass would
+        plan it again; recorded once."""
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
         self._conditions = tuple(
@@ -302,6 +305,10 @@ class RepairLoop:
                 ", ".join(sorted({c.alertname for c in holding})),
             )
             return []
+        if self._dry_run and any(
+            (node.name, a, node.boot_id) in self._planned for a in ("return_to_pool", "verify")
+        ):
+            return []  # planned already for this boot; a dry-run writes nothing, so it would repeat
         return await self._verify(node, record, repair, seen)
 
     def _repair_seen(self, node: Node, record: Mapping[str, Any]) -> str | None:
@@ -331,17 +338,16 @@ class RepairLoop:
         )
         alertname = record["alerts"][0]
         if len(history) < self.settings.escalate_after:
-            return [
-                self._decide(
-                    node.name,
-                    "quarantine",
-                    "done",
-                    f"quarantine {len(history)} of {self.settings.escalate_after} allowed within "
-                    f"{self.settings.window_seconds:.0f} s; returned to the pool after a verified repair",
-                    alertname=alertname,
-                    details=record,
-                )
-            ]
+            return self._decide(
+                node.name,
+                "quarantine",
+                "done",
+                f"quarantine {len(history)} of {self.settings.escalate_after} allowed within "
+                f"{self.settings.window_seconds:.0f} s; returned to the pool after a verified repair",
+                alertname=alertname,
+                details=record,
+                boot=node.boot_id,
+            )
         seen.escalated.add(node.name)
         self._count("escalated")
         text = (
@@ -354,7 +360,9 @@ class RepairLoop:
             await self._cluster.record_event(
                 node=node.name, reason="AccelRepeatedFaultsEscalated", message=text, type_="Warning"
             )
-        return [self._decide(node.name, "escalate", "done", text, alertname=alertname, details=record)]
+        return self._decide(
+            node.name, "escalate", "done", text, alertname=alertname, details=record, boot=node.boot_id
+        )
 
     def _checks_for(self, record: Mapping[str, Any]) -> tuple[str, ...]:
         rules = [self._rules[name] for name in record.get("rules", []) if name in self._rules]
@@ -384,10 +392,14 @@ class RepairLoop:
                     node=node.name, reason="AccelRepairCheckFailed", message=text, type_="Warning"
                 )
             details = {"checks": list(checks), "failing": [list(f) for f in result.failing]}
-            return [self._decide(node.name, "verify", "failed", text, alertname=alertname, details=details)]
-        return [await self._return(node, checks, repair, alertname)]
+            return self._decide(
+                node.name, "verify", "failed", text, alertname=alertname, details=details, boot=node.boot_id
+            )
+        return await self._return(node, checks, repair, alertname)
 
-    async def _return(self, node: Node, checks: Sequence[str], repair: str, alertname: str) -> DecisionRecord:
+    async def _return(
+        self, node: Node, checks: Sequence[str], repair: str, alertname: str
+    ) -> list[DecisionRecord]:
         passed = f"checks {', '.join(checks)} passed" if checks else "no checks configured"
         parts = [f"{repair}; {passed}"]
         if not self._dry_run:
@@ -417,6 +429,7 @@ class RepairLoop:
             "; ".join(parts),
             alertname=alertname,
             details={"checks": list(checks)},
+            boot=node.boot_id,
         )
 
     # -- helpers -----------------------------------------------------------------------------------
@@ -437,7 +450,13 @@ class RepairLoop:
         *,
         alertname: str,
         details: Mapping[str, Any] | None = None,
-    ) -> DecisionRecord:
+        boot: str = "",
+    ) -> list[DecisionRecord]:
+        if self._dry_run:
+            key = (node, action, boot)
+            if key in self._planned:
+                return []
+            self._planned.add(key)
         if self._dry_run and outcome == "done":
             outcome, reason = "planned", f"would: {reason}"
         record = DecisionRecord(
@@ -456,7 +475,7 @@ class RepairLoop:
         )
         logger.info("%s", record.log_line())
         self._publish(record)
-        return record
+        return [record]
 
 
 class RepairCollector:

@@ -95,8 +95,11 @@ async def test_a_dry_run_plans_the_return_and_changes_nothing() -> None:
     cluster = SnapshotCluster(
         nodes=[out_node(boot="boot-b", annotations={QUARANTINE: quarantine})], pods=[], pdbs=[]
     )
-    loop, records = loop_over(cluster, ScriptedVerifier(Verification("pass")), FakeClock(), dry_run=True)
+    verifier = ScriptedVerifier(Verification("pass"))
+    loop, records = loop_over(cluster, verifier, FakeClock(), dry_run=True)
     await loop.reconcile()
+    await loop.reconcile()  # nothing was written, yet the plan is not repeated nor the checks run again
+    assert len(verifier.asked) == 1
     assert cluster.mutations == []
     assert [(r.action, r.outcome, r.dry_run) for r in records] == [("return_to_pool", "planned", True)]
     assert records[0].reason.startswith("would: the node rebooted (new boot id); checks pciebw, power passed")
