@@ -40,6 +40,11 @@ OPERATOR_GENERATED = REPO / "deploy" / "components" / "prometheus-operator" / "g
 BASE_GENERATED = REPO / "deploy" / "base" / "generated"
 AWS_GENERATED = REPO / "deploy" / "components" / "aws" / "generated"
 CLOUDWATCH_ACTION = "{type: cloudwatch_metric, namespace: AccelHealth, metric_name: NodeFaults}"
+REBOOT_ACTION = (
+    "{type: aws_reboot, replace_after_reboot_seconds: 86400, handover_condition: AcceleratedHardwareReady}"
+)
+"""What the aws component adds at the end of the `drain` rule: a drained node is rebooted (the
+graceful step); when its fault comes back within a day of that reboot it is replaced instead."""
 """What the aws component adds to every rule that acts: one data point per fault, dimensions node,
 alertname and InstanceId (README, "AWS")."""
 PYPROJECT = REPO / "pyproject.toml"
@@ -279,21 +284,25 @@ def policy_configmap(policy: Path) -> dict[str, Any]:
 
 
 def aws_policy_text(text: str) -> str:
-    """The default policy with a cloudwatch_metric action right after the first action of every rule
-    that acts (so the data point is put when the fault is seen, not after a long drain). Comments
-    are kept; the result is parsed back and checked."""
+    """The default policy as the aws component ships it: a cloudwatch_metric action right after the
+    first action of every rule that acts (so the data point is put when the fault is seen, not after a
+    long drain), and an aws_reboot action at the end of the `drain` rule. Comments are kept; the
+    result is parsed back and checked."""
     doc = yaml.safe_load(text)
-    lines = text.splitlines(keepends=True)
     out: list[str] = []
     in_actions = False
-    for line in lines:
-        out.append(line)
+    rule = ""
+    for line in text.splitlines(keepends=True):
         stripped = line.strip()
+        indent = line[: len(line) - len(line.lstrip())]
+        if stripped.startswith("- name:"):
+            rule = stripped.split(":", 1)[1].strip()
+        if rule == "drain" and stripped.startswith("on_resolved:"):
+            out.append(f"{indent}  - {REBOOT_ACTION}  # added by the aws component\n")
+        out.append(line)
         if stripped == "actions:":
             in_actions = True
-            continue
-        if in_actions and stripped.startswith("- "):
-            indent = line[: len(line) - len(line.lstrip())]
+        elif in_actions and stripped.startswith("- "):
             out.append(f"{indent}- {CLOUDWATCH_ACTION}  # added by the aws component\n")
             in_actions = False
         elif in_actions and stripped and not stripped.startswith("#"):
@@ -301,18 +310,21 @@ def aws_policy_text(text: str) -> str:
     rendered = "".join(out)
     got = yaml.safe_load(rendered)
     for before, after in zip(doc["rules"], got["rules"], strict=True):
-        metrics = [
-            a for a in after["actions"] if isinstance(a, dict) and a.get("type") == "cloudwatch_metric"
-        ]
-        added = len(after["actions"]) - len(before["actions"])
-        if len(metrics) != (1 if before["actions"] else 0) or added != len(metrics):
+        types = [a.get("type") if isinstance(a, dict) else a for a in after["actions"]]
+        expected = [a.get("type") if isinstance(a, dict) else a for a in before["actions"]]
+        if expected:
+            expected.insert(1, "cloudwatch_metric")
+        if before["name"] == "drain":
+            expected.append("aws_reboot")
+        if types != expected:
             raise RenderError(
-                f"rule {before['name']}: cannot add the cloudwatch_metric action "
-                "(write the actions as a block list)"
+                f"rule {before['name']}: cannot add the aws component's actions "
+                "(write the actions as a block list followed by on_resolved)"
             )
     header = (
         "# The default policy (remediator/default_policy.yaml) as the aws component ships it: every rule\n"
-        "# that acts also puts one CloudWatch data point (namespace AccelHealth, metric NodeFaults).\n"
+        "# that acts also puts one CloudWatch data point (namespace AccelHealth, metric NodeFaults), and\n"
+        "# the drain rule reboots the drained node (escalating to a replacement if the fault comes back).\n"
     )
     return header + rendered
 

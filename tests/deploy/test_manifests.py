@@ -400,8 +400,12 @@ def test_the_aws_overlay_policy_publishes_a_cloudwatch_metric_for_every_rule_tha
     for ours, base in zip(aws.rules, default.rules, strict=True):
         metrics = [a for a in ours.actions if isinstance(a, CloudWatchMetric)]
         assert len(metrics) == (1 if base.actions else 0), ours.name
-        assert [a for a in ours.actions if not isinstance(a, CloudWatchMetric)] == list(base.actions)
-    assert any(isinstance(a, AwsReboot) for r in aws.rules for a in r.actions)
+        rest = [a for a in ours.actions if not isinstance(a, CloudWatchMetric | AwsReboot)]
+        assert rest == list(base.actions), ours.name
+    reboots = {r.name: a for r in aws.rules for a in r.actions if isinstance(a, AwsReboot)}
+    assert reboots == {"drain": AwsReboot(86400, handover_condition="AcceleratedHardwareReady")}
+    drain = next(r for r in aws.rules if r.name == "drain")
+    assert drain.actions[-1] == reboots["drain"]  # after the drain, never before
 
 
 def test_no_token_value_is_shipped(rendered: dict[str, list[dict[str, Any]]]) -> None:

@@ -9,7 +9,6 @@ import pytest
 
 from remediator.policy import (
     AddTaint,
-    AwsReboot,
     AwsSetUnhealthy,
     Cordon,
     Drain,
@@ -159,11 +158,9 @@ def test_the_default_policy_covers_every_remediation_label_the_alerts_set() -> N
         "condition",
         "cordon",
         "drain",
-        "aws_reboot",
+        "aws_set_unhealthy",
     ]
-    assert by_label["replace"].actions[-1] == AwsReboot(
-        replace_after_reboot_seconds=86400, handover_condition="AcceleratedHardwareReady"
-    )
+    assert by_label["replace"].actions[-1] == AwsSetUnhealthy(handover_condition="AcceleratedHardwareReady")
     assert by_label["none"].actions == ()
     assert all(rule.on_resolved == () for rule in policy.rules)  # nodes come back verified, not blindly
     assert policy.safety.max_disrupted_nodes == 2
