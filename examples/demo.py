@@ -7,11 +7,13 @@ simulated GPUs and prints its table, writes three faults, prints the timeline an
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from examples.closed_loop import Step, run_loop
 from examples.pipeline import (
     DEMO_FAULTS,
     DEMO_GPUS,
@@ -110,6 +112,18 @@ def print_checks(pipeline: Pipeline) -> None:
     say(f"  (exit status {result.returncode}; invasive checks never touch a GPU in use)")
 
 
+def print_closed_loop() -> None:
+    say()
+    say("Closing the loop (acting for real on the cluster snapshot, in memory): the same fault on")
+    say("gpu-node-1 takes it out and drains it; it reboots; the default post-repair checks (remapped,")
+    say("power) run through the exporter's GET /checks; they pass and the node is back in the pool.")
+
+    def show(step: Step) -> None:
+        say(f"  +{step.at:6.3f}s  {step.text}")
+
+    asyncio.run(run_loop(show))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     del argv
     install_sigterm_handler()
@@ -141,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if stray:
                 say()
                 say(f"  also firing: {', '.join(sorted({a['alertname'] for a in stray}))}")
+            print_closed_loop()
         except KeyboardInterrupt:
             say("\ninterrupted: stopping every part of the pipeline")
             problems = pipeline.stop()

@@ -9,14 +9,14 @@ import os
 import ssl
 import sys
 import time
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from aiohttp import web
 from kubernetes.aio import client as k8s
 
-from remediator import leader
+from remediator import leader, repairservice
 from remediator.app import ENGINE, MAX_BODY_BYTES, create_app
 from remediator.cluster import Aws, Cluster
 from remediator.engine import AlertPlan, Engine, EngineSettings
@@ -26,6 +26,7 @@ from remediator.executors.kubernetes import KubernetesCluster, KubernetesSetting
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster, SnapshotError
 from remediator.payload import PayloadError, parse_body
 from remediator.policy import Policy, PolicyError, load_policy
+from remediator.repair import ExporterChecks, exporter_pod_endpoint, url_template_endpoint
 
 DEFAULT_LISTEN = "0.0.0.0:9836"
 EXIT_USAGE = 2
@@ -128,6 +129,16 @@ def _serve_parser() -> argparse.ArgumentParser:
         help=f"whole seconds before a dead leader is replaced, at least {MIN_LEASE_SECONDS} "
         f"(default {DEFAULT_LEASE_SECONDS}; renewals every 2/15 of it, at least 1 s)",
     )
+    repair = parser.add_argument_group("repair loop (the policy's `repair:` section says what it does)")
+    repair.add_argument(
+        "--repair-checks-url",
+        metavar="TEMPLATE",
+        help="URL of a node's checks endpoint, {node} replaced by the node name (default: the "
+        "exporter pod on the node, http://<pod IP>:9835/checks)",
+    )
+    repair.add_argument(
+        "--repair-checks-token-file", type=Path, help="bearer token of the exporters' GET /checks"
+    )
     aws = parser.add_argument_group("AWS (without --aws, AWS actions are only recorded)")
     aws.add_argument("--aws", action="store_true", help="call Auto Scaling and CloudWatch for AWS actions")
     aws.add_argument("--aws-region", help="AWS region (default: from the environment)")
@@ -225,8 +236,10 @@ def _service_app(
     cluster: Cluster,
     token: str | None,
     basic: tuple[str, str] | None,
+    should_run: Callable[[], bool] = lambda: True,
 ) -> web.Application:
-    """The engine over ``cluster`` and its aiohttp service, with the intake settings and --paused."""
+    """The engine over ``cluster`` and its aiohttp service, with the intake settings and --paused,
+    and the repair loop (on the leader: ``should_run``)."""
     engine = Engine(
         policy=policy,
         cluster=cluster,
@@ -241,6 +254,18 @@ def _service_app(
             await engine.set_paused(True, "started with --paused")
 
         app.on_startup.append(start_paused)
+    endpoint = (
+        url_template_endpoint(args.repair_checks_url)
+        if args.repair_checks_url
+        else exporter_pod_endpoint(cluster)
+    )
+    checks_token = (
+        _read_token(args.repair_checks_token_file) if args.repair_checks_token_file is not None else None
+    )
+    verifier = ExporterChecks(
+        endpoint=endpoint, token=checks_token, timeout_seconds=policy.repair.check_timeout_seconds
+    )
+    repairservice.install(app, cluster=cluster, verifier=verifier, should_run=should_run)
     return app
 
 
@@ -271,7 +296,14 @@ async def _kubernetes_app(
         settings=KubernetesSettings(state_namespace=_lease_namespace(args)),
         should_act=(lambda: active.is_leader) if active else (lambda: True),
     )
-    app = _service_app(args, policy=policy, cluster=cluster, token=token, basic=basic)
+    app = _service_app(
+        args,
+        policy=policy,
+        cluster=cluster,
+        token=token,
+        basic=basic,
+        should_run=(lambda: active.is_leader) if active else (lambda: True),
+    )
 
     async def close_client(_app: web.Application) -> AsyncIterator[None]:
         yield

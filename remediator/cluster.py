@@ -73,6 +73,12 @@ class Node:
     accelerators: tuple[str, ...] = ()
     """Accelerator resources in status.capacity with a count above 0 (nvidia.com/gpu,
     aws.amazon.com/neuron, ...); empty on CPU-only nodes."""
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    """metadata.annotations (what this service recorded about the node lives there)."""
+    uid: str = ""
+    """metadata.uid: a node object deleted and created again under the same name gets a new one."""
+    boot_id: str = ""
+    """status.nodeInfo.bootID: changes when the machine reboots."""
 
     @property
     def has_accelerators(self) -> bool:
@@ -150,6 +156,8 @@ class Pod:
     """status.phase"""
     emptydir_volumes: tuple[str, ...] = ()
     """Names of the pod's emptyDir volumes."""
+    ip: str = ""
+    """status.podIP (empty until the pod has one)."""
 
     @property
     def controller(self) -> OwnerReference | None:
@@ -334,6 +342,14 @@ class Cluster(Protocol):
         """Record a Kubernetes Event about the node."""
         ...
 
+    async def annotate_node(self, node: str, annotations: Mapping[str, str | None]) -> None:
+        """Set (None: remove) this service's annotations on the node (remediator/repair.py's record)."""
+        ...
+
+    async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None:
+        """Set (None: remove) labels on the node, others kept (a repeat offender's label for a human)."""
+        ...
+
     async def evict_pod(
         self, *, namespace: str, name: str, grace_period_seconds: int | None
     ) -> EvictionResult:
@@ -375,6 +391,10 @@ class Aws(Protocol):
         self, *, namespace: str, name: str, value: float, dimensions: Mapping[str, str]
     ) -> None:
         """PutMetricData of one value."""
+        ...
+
+    async def reboot(self, instance_id: str) -> None:
+        """RebootInstances of one instance (the hypervisor reboots it; same instance, new boot id)."""
         ...
 
 
@@ -448,6 +468,11 @@ def node_from_object(obj: Mapping[str, Any]) -> Node:
         provider_id=_str(spec.get("providerID"), "spec.providerID"),
         conditions=conditions,
         accelerators=accelerator_resources(_mapping(status.get("capacity"), "status.capacity")),
+        annotations=_str_map(meta.get("annotations"), "metadata.annotations"),
+        uid=_str(meta.get("uid"), "metadata.uid"),
+        boot_id=_str(
+            _mapping(status.get("nodeInfo"), "status.nodeInfo").get("bootID"), "status.nodeInfo.bootID"
+        ),
     )
 
 
@@ -481,6 +506,7 @@ def pod_from_object(obj: Mapping[str, Any]) -> Pod:
         owners=tuple(owners),
         phase=_str(status.get("phase"), "status.phase") or "Pending",
         emptydir_volumes=tuple(emptydirs),
+        ip=_str(status.get("podIP"), "status.podIP"),
     )
 
 

@@ -60,6 +60,7 @@ from remediator.policy import (
     DISRUPTIVE,
     Action,
     AddTaint,
+    AwsReboot,
     AwsSetUnhealthy,
     CloudWatchMetric,
     Cordon,
@@ -71,6 +72,7 @@ from remediator.policy import (
     SetCondition,
     Uncordon,
 )
+from remediator.repair import karpenter_managed, reboot_step, rebooted_annotation
 from remediator.safety import DisruptionBudget, Verdict, eligible, protected_reason
 from remediator.state import GateState, StateError
 from remediator.statestore import StateStore
@@ -125,6 +127,7 @@ _DONE_REASONS = {
     "taint": "AccelTainted",
     "drain": "AccelDrainFinished",
     "aws_set_unhealthy": "AccelInstanceMarkedUnhealthy",
+    "aws_reboot": "AccelInstanceRebooted",
     "uncordon": "AccelUncordoned",
     "untaint": "AccelUntainted",
 }
@@ -352,6 +355,12 @@ class Engine:
     def subscribe(self, listener: Callable[[DecisionRecord], None]) -> None:
         """Call `listener` with every new decision record (metrics, audit sinks)."""
         self._listeners.append(listener)
+
+    def publish(self, record: DecisionRecord) -> None:
+        """A decision made outside a delivery (the repair loop): logged and shown like the others."""
+        self.log.append(record)
+        for listener in self._listeners:
+            listener(record)
 
     # -- lifecycle and state -----------------------------------------------------------------
 
@@ -962,7 +971,9 @@ class Engine:
             case RecordEvent():
                 return await self._event(ctx)
             case AwsSetUnhealthy():
-                return await self._aws_unhealthy(ctx, node)
+                return await self._aws_unhealthy(ctx, node, handover=action.handover_condition)
+            case AwsReboot():
+                return await self._aws_reboot(ctx, node, action)
             case CloudWatchMetric():
                 return await self._metric(ctx, node, action)
             case Uncordon():
@@ -1323,7 +1334,9 @@ class Engine:
             details={"type": type_, "message": message},
         )
 
-    async def _aws_unhealthy(self, ctx: _Context, node: Node) -> _Result:
+    async def _aws_unhealthy(  # noqa: PLR0911  one return per outcome: skipped, deferred, handed over, done
+        self, ctx: _Context, node: Node, *, handover: str = "", why: str = ""
+    ) -> _Result:
         instance = instance_id_from_provider_id(node.provider_id)
         if instance is None:
             return _Result(
@@ -1334,17 +1347,69 @@ class Engine:
             return _Result("skipped", f"{instance} already marked Unhealthy by accel-health")
         if (held := await self._gates(ctx, "aws_set_unhealthy", node.name)) is not None:
             return held
+        details = {"instance_id": instance, **({"escalated": why} if why else {})}
+        prefix = f"{why}; " if why else ""
+        if handover and karpenter_managed(node):
+            return await self._handover(ctx, node, handover, prefix, details)
         if not ctx.dry_run and not await self._aws.set_unhealthy(instance):
+            if handover:
+                return await self._handover(ctx, node, handover, prefix, details)
             return _Result(
                 "skipped",
-                f"{instance} is in no Auto Scaling group (Karpenter or self-managed node): nothing "
-                "marked, nothing replaces it; a human decides",
-                details={"instance_id": instance},
+                f"{prefix}{instance} is in no Auto Scaling group (Karpenter or self-managed node): "
+                "nothing marked, nothing replaces it; a human decides",
+                details=details,
             )
         self._commit(ctx, "aws_set_unhealthy", node.name)
         text = f"{instance} Unhealthy in its Auto Scaling group (no grace period): it gets replaced"
+        return self._done(ctx, f"{prefix}marked {text}", would=f"{prefix}would mark {text}", details=details)
+
+    async def _handover(
+        self, ctx: _Context, node: Node, condition_type: str, prefix: str, details: Mapping[str, Any]
+    ) -> _Result:
+        """A node no Auto Scaling group replaces: the condition its own provisioner's repair acts on."""
+        alertname = ctx.alert.labels.get("alertname", "AcceleratorFault")
+        cond = NodeCondition(
+            type=condition_type,
+            status="False",
+            reason=alertname,
+            message=(
+                f"accelerator fault ({alertname}): accel-health hands the node to its provisioner's repair"
+            ),
+        )
+        if not ctx.dry_run:
+            await self._cluster.set_condition(node.name, cond)
+        self._commit(ctx, "aws_set_unhealthy", node.name)
+        text = f"{condition_type}=False for the node's own provisioner (no Auto Scaling group call)"
         return self._done(
-            ctx, f"marked {text}", would=f"would mark {text}", details={"instance_id": instance}
+            ctx,
+            f"{prefix}handed over: set {text}",
+            would=f"{prefix}would hand over: set {text}",
+            details={**details, "handover_condition": condition_type},
+        )
+
+    async def _aws_reboot(self, ctx: _Context, node: Node, action: AwsReboot) -> _Result:
+        instance = instance_id_from_provider_id(node.provider_id)
+        if instance is None:
+            return _Result(
+                "skipped", f"no EC2 instance id in spec.providerID ({node.provider_id or 'empty'})"
+            )
+        step, why = reboot_step(node, action, now=self._clock())
+        if step == "replace":
+            return await self._aws_unhealthy(ctx, node, handover=action.handover_condition, why=why)
+        if step == "wait":
+            return _Result("skipped", why, details={"instance_id": instance})
+        if (held := await self._gates(ctx, "aws_reboot", node.name)) is not None:
+            return held
+        if not ctx.dry_run:
+            await self._cluster.annotate_node(node.name, rebooted_annotation(node, now=self._clock()))
+            await self._aws.reboot(instance)
+        self._commit(ctx, "aws_reboot", node.name)
+        return self._done(
+            ctx,
+            f"asked EC2 to reboot {instance} ({why})",
+            would=f"would ask EC2 to reboot {instance} ({why})",
+            details={"instance_id": instance},
         )
 
     async def _metric(self, ctx: _Context, node: Node, action: CloudWatchMetric) -> _Result:

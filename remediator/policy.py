@@ -8,6 +8,8 @@
         actions: [{type: condition}, {type: cordon}, {type: drain, timeout_seconds: 600}]
         on_resolved: []          # or [uncordon, untaint]; destructive actions are refused here
         dry_run: false           # optional: this rule only plans
+        verify: [remapped]       # optional: checks after a repair (default: repair.checks)
+    repair: {checks: [remapped, power], escalate_after: 5, window_seconds: 604800}
     # safety: max_disrupted_nodes, max_disrupted_percent, opt_out_label,
     #         rate_limits: {drain: {max_actions: 3, window_seconds: 3600}},
     #         storm_breaker: {threshold_percent: 30, min_nodes: 3, window_seconds: 600,
@@ -29,6 +31,7 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
+from remediator.repairpolicy import RepairSettings, parse_checks, parse_repair
 from remediator.safety import RateLimit, SafetySettings, StormSettings
 
 DEFAULT_POLICY_NAME = "default_policy.yaml"
@@ -178,6 +181,26 @@ class AwsSetUnhealthy:
     """Mark the node's EC2 instance Unhealthy in its Auto Scaling group (it gets replaced)."""
 
     type: ClassVar[str] = "aws_set_unhealthy"
+    handover_condition: str = ""
+    """For a node in no Auto Scaling group (Karpenter, EKS Auto Mode, self-managed): write this node
+    condition with status False (e.g. `AcceleratedHardwareReady`, what EKS node auto repair and
+    Karpenter node repair act on) so that the node's own provisioner replaces it. Empty: off. Nodes
+    labelled by Karpenter or EKS Auto Mode get it without any Auto Scaling call."""
+
+
+@dataclass(frozen=True)
+class AwsReboot:
+    """Reboot the node's EC2 instance (RebootInstances): the graceful step before a replacement.
+
+    When the fault comes back within `replace_after_reboot_seconds` of a reboot this service asked
+    for (the node has booted since), the action escalates: the instance is marked Unhealthy in its
+    Auto Scaling group (or handed over with `handover_condition`) instead of being rebooted again."""
+
+    type: ClassVar[str] = "aws_reboot"
+    replace_after_reboot_seconds: int = 86400
+    """A fault within this many seconds after our reboot escalates to a replacement (default 1 day)."""
+    handover_condition: str = ""
+    """As for aws_set_unhealthy, used when the escalation finds the node in no Auto Scaling group."""
 
 
 @dataclass(frozen=True)
@@ -200,6 +223,7 @@ Action = (
     | SetCondition
     | RecordEvent
     | AwsSetUnhealthy
+    | AwsReboot
     | CloudWatchMetric
 )
 
@@ -214,10 +238,11 @@ ACTION_TYPES: dict[str, type[Action]] = {
         SetCondition,
         RecordEvent,
         AwsSetUnhealthy,
+        AwsReboot,
         CloudWatchMetric,
     )
 }
-DISRUPTIVE = frozenset({"cordon", "taint", "drain", "aws_set_unhealthy"})
+DISRUPTIVE = frozenset({"cordon", "taint", "drain", "aws_set_unhealthy", "aws_reboot"})
 """Actions that take capacity away: budget-gated, and never run for resolved alerts."""
 RESOLVED_ALLOWED = frozenset({"uncordon", "untaint", "condition", "event", "cloudwatch_metric"})
 REVERSALS = frozenset({"uncordon", "untaint"})
@@ -241,6 +266,8 @@ class Rule:
     """Run once when the alert resolves (non-destructive actions only)."""
     dry_run: bool = False
     """This rule only plans, even when the service acts."""
+    verify: tuple[str, ...] | None = None
+    """Checks run after a repair of a node this rule took out; None: `repair.checks`."""
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         return all(m.matches(labels) for m in self.matchers)
@@ -260,6 +287,8 @@ class Policy:
     action that erred) or `none`. The `event` action writes its Event whatever this says."""
     source: str = "<string>"
     """Where it was loaded from."""
+    repair: RepairSettings = field(default_factory=RepairSettings)
+    """The closed loop back to the pool (remediator/repair.py)."""
 
     def first_match(self, labels: Mapping[str, str]) -> Rule | None:
         return next((r for r in self.rules if r.matches(labels)), None)
@@ -298,7 +327,8 @@ _ACTION_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "cordon": {},
     "uncordon": {},
     "event": {},
-    "aws_set_unhealthy": {},
+    "aws_set_unhealthy": {"handover_condition": str},
+    "aws_reboot": {"replace_after_reboot_seconds": int, "handover_condition": str},
     "taint": {"key": str, "value": str, "effect": str},
     "untaint": {"key": str, "effect": str},
     "drain": {
@@ -509,7 +539,7 @@ def _parse_safety(raw: Any, problems: list[str]) -> SafetySettings:
     return SafetySettings(**kwargs) if len(problems) == before else SafetySettings()
 
 
-_RULE_FIELDS = ("name", "match", "actions", "on_resolved", "dry_run")
+_RULE_FIELDS = ("name", "match", "actions", "on_resolved", "dry_run", "verify")
 
 
 def _parse_matchers(raw_match: Any, where: str, problems: list[str]) -> tuple[Matcher, ...]:
@@ -554,6 +584,7 @@ def _parse_rule(raw: Any, *, index: int, seen: set[str], problems: list[str]) ->
     dry_run = raw.get("dry_run", False)
     if not isinstance(dry_run, bool):
         problems.append(f"{where}.dry_run: expected true or false, got {dry_run!r}")
+    verify = parse_checks(raw["verify"], f"{where}.verify", problems) if "verify" in raw else None
     if len(problems) > before:
         return None
     return Rule(
@@ -563,6 +594,7 @@ def _parse_rule(raw: Any, *, index: int, seen: set[str], problems: list[str]) ->
         actions=actions,
         on_resolved=on_resolved,
         dry_run=bool(dry_run),
+        verify=verify,
     )
 
 
@@ -576,9 +608,10 @@ def parse_policy(text: str, *, source: str = "<string>") -> Policy:
         raise PolicyError(source, [f"expected a mapping with `rules:` at the top, got {type(doc).__name__}"])
     problems: list[str] = []
     for key in doc:
-        if key not in ("rules", "safety", "events"):
-            problems.append(f"{key}: unknown top-level field (known: rules, safety, events)")
+        if key not in ("rules", "safety", "events", "repair"):
+            problems.append(f"{key}: unknown top-level field (known: rules, safety, events, repair)")
     safety = _parse_safety(doc.get("safety"), problems)
+    repair = parse_repair(doc.get("repair"), problems)
     events = doc.get("events", "all")
     if events not in EVENTS_MODES:
         problems.append(f"events: expected one of {', '.join(EVENTS_MODES)}, got {events!r}")
@@ -594,4 +627,4 @@ def parse_policy(text: str, *, source: str = "<string>") -> Policy:
             rules.append(rule)
     if problems:
         raise PolicyError(source, problems)
-    return Policy(rules=tuple(rules), safety=safety, events=events, source=source)
+    return Policy(rules=tuple(rules), safety=safety, events=events, source=source, repair=repair)

@@ -7,6 +7,8 @@ its one source outside deploy/ is written here, into deploy/, with a header nami
     examples/alertmanager.yaml    -> deploy/components/prometheus-operator/generated/alertmanagerconfig.yaml
     dashboards/*.json             -> deploy/components/prometheus-operator/generated/dashboards.yaml
     remediator/default_policy.yaml -> deploy/base/generated/remediator-policy.yaml
+    remediator/default_policy.yaml -> deploy/components/aws/generated/remediator-policy.yaml
+                                      (the same, plus a cloudwatch_metric action on every acting rule)
     pyproject.toml (image, version) -> deploy/base/generated/image/kustomization.yaml
 
 `make manifests` rewrites them; tests/deploy/test_generated.py fails when a checked-in file differs
@@ -36,6 +38,15 @@ ALERTMANAGER_EXAMPLE = REPO / "examples" / "alertmanager.yaml"
 DEFAULT_POLICY = REPO / "remediator" / "default_policy.yaml"
 OPERATOR_GENERATED = REPO / "deploy" / "components" / "prometheus-operator" / "generated"
 BASE_GENERATED = REPO / "deploy" / "base" / "generated"
+AWS_GENERATED = REPO / "deploy" / "components" / "aws" / "generated"
+CLOUDWATCH_ACTION = "{type: cloudwatch_metric, namespace: AccelHealth, metric_name: NodeFaults}"
+REBOOT_ACTION = (
+    "{type: aws_reboot, replace_after_reboot_seconds: 86400, handover_condition: AcceleratedHardwareReady}"
+)
+"""What the aws component adds at the end of the `drain` rule: a drained node is rebooted (the
+graceful step); when its fault comes back within a day of that reboot it is replaced instead."""
+"""What the aws component adds to every rule that acts: one data point per fault, dimensions node,
+alertname and InstanceId (README, "AWS")."""
 PYPROJECT = REPO / "pyproject.toml"
 IMAGE_PLACEHOLDER = "accel-health"
 """The image name the manifests write (`image: accel-health`); kustomize replaces it."""
@@ -272,6 +283,58 @@ def policy_configmap(policy: Path) -> dict[str, Any]:
     }
 
 
+def aws_policy_text(text: str) -> str:
+    """The default policy as the aws component ships it: a cloudwatch_metric action right after the
+    first action of every rule that acts (so the data point is put when the fault is seen, not after a
+    long drain), and an aws_reboot action at the end of the `drain` rule. Comments are kept; the
+    result is parsed back and checked."""
+    doc = yaml.safe_load(text)
+    out: list[str] = []
+    in_actions = False
+    rule = ""
+    for line in text.splitlines(keepends=True):
+        stripped = line.strip()
+        indent = line[: len(line) - len(line.lstrip())]
+        if stripped.startswith("- name:"):
+            rule = stripped.split(":", 1)[1].strip()
+        if rule == "drain" and stripped.startswith("on_resolved:"):
+            out.append(f"{indent}  - {REBOOT_ACTION}  # added by the aws component\n")
+        out.append(line)
+        if stripped == "actions:":
+            in_actions = True
+        elif in_actions and stripped.startswith("- "):
+            out.append(f"{indent}- {CLOUDWATCH_ACTION}  # added by the aws component\n")
+            in_actions = False
+        elif in_actions and stripped and not stripped.startswith("#"):
+            in_actions = False
+    rendered = "".join(out)
+    got = yaml.safe_load(rendered)
+    for before, after in zip(doc["rules"], got["rules"], strict=True):
+        types = [a.get("type") if isinstance(a, dict) else a for a in after["actions"]]
+        expected = [a.get("type") if isinstance(a, dict) else a for a in before["actions"]]
+        if expected:
+            expected.insert(1, "cloudwatch_metric")
+        if before["name"] == "drain":
+            expected.append("aws_reboot")
+        if types != expected:
+            raise RenderError(
+                f"rule {before['name']}: cannot add the aws component's actions "
+                "(write the actions as a block list followed by on_resolved)"
+            )
+    header = (
+        "# The default policy (remediator/default_policy.yaml) as the aws component ships it: every rule\n"
+        "# that acts also puts one CloudWatch data point (namespace AccelHealth, metric NodeFaults), and\n"
+        "# the drain rule reboots the drained node (escalating to a replacement if the fault comes back).\n"
+    )
+    return header + rendered
+
+
+def aws_policy_patch(policy: Path) -> dict[str, Any]:
+    obj = policy_configmap(policy)
+    obj["data"] = {"policy.yaml": aws_policy_text(policy.read_text(encoding="utf-8"))}
+    return obj
+
+
 def image_component(pyproject: Path) -> dict[str, Any]:
     """The kustomize Component that names the image: [tool.accel-health.image] name, tagged with the
     package version, which is also what `make image` tags (scripts/image/build.sh)."""
@@ -310,6 +373,10 @@ def render_all() -> dict[Path, str]:
         ),
         BASE_GENERATED / "remediator-policy.yaml": dump(
             [policy_configmap(DEFAULT_POLICY)], header=_header("remediator/default_policy.yaml")
+        ),
+        AWS_GENERATED / "remediator-policy.yaml": dump(
+            [aws_policy_patch(DEFAULT_POLICY)],
+            header=_header("remediator/default_policy.yaml"),
         ),
         BASE_GENERATED / "image" / "kustomization.yaml": dump(
             [image_component(PYPROJECT)], header=_header("pyproject.toml (image name and version)")

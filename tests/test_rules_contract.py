@@ -123,6 +123,7 @@ def test_there_is_one_rule_file_per_area() -> None:
         "infiniband.yaml",
         "exporter.yaml",
         "active-checks.yaml",
+        "remediator.yaml",
     }
     assert len(ALERT_IDS) == len(set(ALERT_IDS)), "alert names must be unique"
 

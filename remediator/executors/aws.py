@@ -1,4 +1,4 @@
-"""The AWS executor: `remediator.cluster.Aws` over boto3 (Auto Scaling and CloudWatch).
+"""The AWS executor: `remediator.cluster.Aws` over boto3 (Auto Scaling, EC2 and CloudWatch).
 
 Calls are rare (a few per remediated node), so they run in a worker thread (`asyncio.to_thread`)
 rather than through an asyncio AWS client. Retries are botocore's own: the `standard` mode (bounded
@@ -15,6 +15,8 @@ as failed, and the delivery is answered 200 (no retry loop).
   will replace it; a Karpenter or self-managed node), then calls
   SetInstanceHealth(Unhealthy) with `ShouldRespectGracePeriod` as configured (default False: a node
   with a broken accelerator is replaced even during the group's health-check grace period).
+- `reboot` calls EC2 RebootInstances (the graceful step before a replacement: same instance, a new
+  boot id; the remediator's repair loop then verifies the node and returns it to the pool).
 - `put_metric` / `put_metrics` call PutMetricData, split into requests within the API's limits
   (1000 data points, 30 dimensions each, well under 1 MB per request).
 
@@ -120,6 +122,7 @@ class AwsExecutor:
         session = session or boto3.Session()
         self._autoscaling = session.client("autoscaling", endpoint_url=s.endpoint_url, config=config)
         self._cloudwatch = session.client("cloudwatch", endpoint_url=s.endpoint_url, config=config)
+        self._ec2 = session.client("ec2", endpoint_url=s.endpoint_url, config=config)
         self._on_call = on_call
         self.not_in_group: list[str] = []
         """Instances that set_unhealthy found in no Auto Scaling group (newest last)."""
@@ -189,6 +192,13 @@ class AwsExecutor:
         )
         logger.info("marked %s Unhealthy in Auto Scaling group %s", instance_id, groups[instance_id])
         return True
+
+    # -- EC2 -------------------------------------------------------------------------------------
+
+    async def reboot(self, instance_id: str) -> None:
+        """RebootInstances of one instance; AwsRefused when EC2 refuses (unknown instance, no right)."""
+        await self._call("RebootInstances", self._ec2.reboot_instances, InstanceIds=[instance_id])
+        logger.info("asked EC2 to reboot %s", instance_id)
 
     # -- CloudWatch ------------------------------------------------------------------------------
 

@@ -451,6 +451,19 @@ class KubernetesCluster:
         except ObjectFormatError as exc:
             raise BackendUnavailable(f"node {name} has an unexpected shape: {exc}") from exc
 
+    async def annotate_node(self, node: str, annotations: Mapping[str, str | None]) -> None:
+        """Set (or, with None, remove) annotations of this service on the node."""
+        await self._annotate(node, "annotate", annotations)
+
+    async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None:
+        """Set (or, with None, remove) labels on the node (a merge patch: other labels are kept)."""
+        self._ensure_leader("label")
+        try:
+            await self._patch_node(node, {"metadata": {"labels": dict(labels)}})
+        except ApiError as exc:
+            if exc.status != 404:
+                raise BackendUnavailable(f"Kubernetes API: label {node}: {exc}") from exc
+
     async def node_annotations(self, name: str) -> dict[str, str]:
         """The node's annotations ({} when it does not exist)."""
         obj = await self._read_node_object(name)

@@ -160,6 +160,22 @@ class SnapshotCluster:
             kept = tuple(c for c in self.nodes[node].conditions if c.type != condition.type)
             self._replace_node(node, conditions=(*kept, condition))
 
+    async def annotate_node(self, node: str, annotations: Mapping[str, str | None]) -> None:
+        self.mutations.append(f"annotate {node} {', '.join(sorted(annotations))}")
+        if node in self.nodes:
+            merged = {**self.nodes[node].annotations, **annotations}
+            self._replace_node(node, annotations={k: v for k, v in merged.items() if v is not None})
+
+    async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None:
+        self.mutations.append(f"label {node} {', '.join(f'{k}={v}' for k, v in sorted(labels.items()))}")
+        if node in self.nodes:
+            merged = {**self.nodes[node].labels, **labels}
+            self._replace_node(node, labels={k: v for k, v in merged.items() if v is not None})
+
+    def rebooted(self, node: str, boot_id: str) -> None:
+        """The node came back from a reboot with this boot id (the demo plays the machine)."""
+        self._replace_node(node, boot_id=boot_id)
+
     async def record_event(self, *, node: str, reason: str, message: str, type_: str) -> None:
         self.mutations.append(f"event {node} {type_} {reason}")
         self.events.append({"node": node, "reason": reason, "message": message, "type": type_})
@@ -249,6 +265,9 @@ class RecordingAws:
     async def set_unhealthy(self, instance_id: str) -> bool:
         self.calls.append(("SetInstanceHealth", {"InstanceId": instance_id, "HealthStatus": "Unhealthy"}))
         return True
+
+    async def reboot(self, instance_id: str) -> None:
+        self.calls.append(("RebootInstances", {"InstanceIds": [instance_id]}))
 
     async def put_metric(
         self, *, namespace: str, name: str, value: float, dimensions: Mapping[str, str]

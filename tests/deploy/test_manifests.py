@@ -19,6 +19,7 @@ import yaml
 from exporter.checks.catalog import KNOWN
 from exporter.cli import _parser as exporter_parser
 from remediator.cli import _serve_parser as remediator_parser
+from remediator.policy import AwsReboot, CloudWatchMetric, load_policy, parse_policy
 from scripts.render_manifests import REMEDIATOR_RECEIVER, TOKEN_SECRET
 from tests.deploy.kube import DEPLOY, OVERLAYS, REPO, containers, find, kubectl_problem, render
 
@@ -417,6 +418,24 @@ def test_remediator_runs_two_replicas_with_readiness_on_leadership(
 def test_the_policy_configmap_is_the_default_policy(rendered: dict[str, list[dict[str, Any]]]) -> None:
     policy = find(rendered["dry-run"], "ConfigMap", "accel-health-remediator-policy")
     assert policy["data"]["policy.yaml"] == (REPO / "remediator" / "default_policy.yaml").read_text()
+
+
+def test_the_aws_overlay_policy_publishes_a_cloudwatch_metric_for_every_rule_that_acts(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    text = find(rendered["aws"], "ConfigMap", "accel-health-remediator-policy")["data"]["policy.yaml"]
+    aws = parse_policy(text, source="aws overlay")
+    default = load_policy()
+    assert [r.name for r in aws.rules] == [r.name for r in default.rules]
+    for ours, base in zip(aws.rules, default.rules, strict=True):
+        metrics = [a for a in ours.actions if isinstance(a, CloudWatchMetric)]
+        assert len(metrics) == (1 if base.actions else 0), ours.name
+        rest = [a for a in ours.actions if not isinstance(a, CloudWatchMetric | AwsReboot)]
+        assert rest == list(base.actions), ours.name
+    reboots = {r.name: a for r in aws.rules for a in r.actions if isinstance(a, AwsReboot)}
+    assert reboots == {"drain": AwsReboot(86400, handover_condition="AcceleratedHardwareReady")}
+    drain = next(r for r in aws.rules if r.name == "drain")
+    assert drain.actions[-1] == reboots["drain"]  # after the drain, never before
 
 
 def test_no_token_value_is_shipped(rendered: dict[str, list[dict[str, Any]]]) -> None:

@@ -53,6 +53,8 @@ MUTATING = frozenset(
         "set_condition",
         "record_event",
         "evict_pod",
+        "annotate_node",
+        "label_node",
         "drain",
         "save_gate_state",
     }
@@ -119,6 +121,14 @@ class CountingCluster:
     async def record_event(self, *, node: str, reason: str, message: str, type_: str) -> None:
         self.calls["record_event"] += 1
         await self.inner.record_event(node=node, reason=reason, message=message, type_=type_)
+
+    async def annotate_node(self, node: str, annotations: Mapping[str, str | None]) -> None:
+        self.calls["annotate_node"] += 1
+        await self.inner.annotate_node(node, annotations)
+
+    async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None:
+        self.calls["label_node"] += 1
+        await self.inner.label_node(node, labels)
 
     async def evict_pod(
         self, *, namespace: str, name: str, grace_period_seconds: int | None

@@ -178,6 +178,17 @@ async def test_an_instance_in_no_group_is_reported_not_marked(moto: str) -> None
     assert ("SetInstanceHealth", "ok") not in ex.calls  # type: ignore[attr-defined]
 
 
+async def test_an_instance_is_rebooted_and_an_unknown_one_is_a_refusal(moto: str) -> None:
+    [instance] = make_group(moto, size=1)
+    ex = executor(moto)
+    await ex.reboot(instance)
+    state = aws_client(moto, "ec2").describe_instances(InstanceIds=[instance])
+    assert state["Reservations"][0]["Instances"][0]["State"]["Name"] == "running"  # same instance
+    with pytest.raises(AwsRefused, match="InvalidInstanceID"):
+        await ex.reboot("i-0123456789abcdef0")
+    assert ex.calls == [("RebootInstances", "ok"), ("RebootInstances", "InvalidInstanceID.NotFound")]  # type: ignore[attr-defined]
+
+
 async def test_an_access_denied_is_a_refusal_not_an_outage(proxy: FaultProxy) -> None:
     [instance, _] = make_group(proxy.target)
     proxy.faults["SetInstanceHealth"] = [(403, "AccessDenied")]

@@ -19,6 +19,7 @@ from remediator.policy import (
     load_policy,
     parse_policy,
 )
+from remediator.repairpolicy import RepairSettings
 from remediator.safety import RateLimit, StormSettings
 
 GOOD = """
@@ -159,10 +160,50 @@ def test_the_default_policy_covers_every_remediation_label_the_alerts_set() -> N
         "drain",
         "aws_set_unhealthy",
     ]
-    assert by_label["replace"].actions[-1] == AwsSetUnhealthy()
+    assert by_label["replace"].actions[-1] == AwsSetUnhealthy(handover_condition="AcceleratedHardwareReady")
     assert by_label["none"].actions == ()
-    assert all(rule.on_resolved == () for rule in policy.rules)
+    assert all(rule.on_resolved == () for rule in policy.rules)  # nodes come back verified, not blindly
     assert policy.safety.max_disrupted_nodes == 2
+    assert policy.repair == RepairSettings(escalate_after=5, window_seconds=7 * 86400.0)
+    assert policy.repair.checks == ("remapped", "power")  # the cheap ones
+
+
+def test_the_repair_section_and_a_rules_verify_load() -> None:
+    policy = parse_policy(
+        """
+repair: {checks: [pciebw], escalate_after: 3, window_seconds: 3600, enabled: true, interval_seconds: 5}
+rules:
+  - name: replace
+    match: []
+    verify: [gpumem, remapped]
+    actions: [{type: aws_set_unhealthy, handover_condition: AcceleratedHardwareReady}]
+"""
+    )
+    assert policy.repair == RepairSettings(
+        checks=("pciebw",), escalate_after=3, window_seconds=3600.0, interval_seconds=5.0
+    )
+    assert policy.rules[0].verify == ("gpumem", "remapped")
+    assert policy.rules[0].actions == (AwsSetUnhealthy(handover_condition="AcceleratedHardwareReady"),)
+
+
+def test_every_problem_in_the_repair_section_is_named() -> None:
+    message = _problems(
+        """
+repair: {checks: [pciebw, burn], escalate_after: 0, window_seconds: -1, escalation_label: "", retry: 3}
+rules:
+  - name: x
+    match: []
+    verify: nvml
+    actions: [{type: aws_reboot, replace_after_reboot_seconds: -5}]
+"""
+    )
+    assert "repair.checks: unknown check(s) burn (known: pciebw, gpumem, remapped, power, dcgm)" in message
+    assert "repair.escalate_after: expected an integer of at least 1, got 0" in message
+    assert "repair.window_seconds: expected a positive number of seconds, got -1" in message
+    assert "repair.escalation_label: expected a non-empty label name, got ''" in message
+    assert "repair.retry: unknown field" in message
+    assert "rules[0] (x).verify: expected a list of check names" in message
+    assert "rules[0] (x).actions[0].replace_after_reboot_seconds: must not be negative, got -5" in message
 
 
 def test_the_safety_section_loads_budgets_rate_limits_and_the_storm_breaker() -> None:

@@ -1,0 +1,60 @@
+"""The repair loop (remediator/repair.py) inside the aiohttp service: a background task, its metrics,
+and a look again after every delivery that acted. Kept apart so that the engine and the app factory
+need no more than a call to `install`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+from aiohttp import web
+
+from remediator.app import ENGINE, METRICS
+from remediator.audit import DecisionRecord
+from remediator.cluster import Cluster
+from remediator.repair import RepairCollector, RepairLoop, Verifier
+
+REPAIR = web.AppKey("repair", RepairLoop)
+TAKES_OUT = frozenset({"condition", "cordon", "taint", "drain"})
+
+
+def wants_a_look(record: DecisionRecord) -> bool:
+    """A decision after which the loop looks again at once: a node was taken out (its quarantine is
+    recorded with the boot id it has now), or an alert resolved (a repaired node may be returnable)."""
+    if record.action in ("return_to_pool", "quarantine", "escalate", "verify"):
+        return False  # the loop's own decisions
+    return record.status == "resolved" or (record.outcome == "done" and record.action in TAKES_OUT)
+
+
+def install(
+    app: web.Application,
+    *,
+    cluster: Cluster,
+    verifier: Verifier,
+    should_run: Callable[[], bool] = lambda: True,
+) -> RepairLoop:
+    """Run the repair loop for the application's lifetime, on the leader (`should_run`)."""
+    engine = app[ENGINE]
+    loop = RepairLoop(
+        policy=engine.policy,
+        cluster=cluster,
+        verifier=verifier,
+        firing=lambda node: engine.state.firing.causes(node),  # noqa: PLW0108  engine.state is replaced on every re-read
+        publish=engine.publish,
+        dry_run=engine.settings.dry_run,
+    )
+    app[REPAIR] = loop
+    app[METRICS].registry.register(RepairCollector(loop))
+
+    engine.subscribe(lambda record: loop.poke() if wants_a_look(record) else None)
+
+    async def run(_app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(loop.run(should_run=should_run), name="repair-loop")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    app.cleanup_ctx.append(run)
+    return loop
