@@ -36,6 +36,7 @@ from remediator.policy import Policy, PolicyError, load_policy
 DEFAULT_LISTEN = "0.0.0.0:9836"
 EXIT_USAGE = 2
 DEFAULT_LEASE_SECONDS = 15
+NODE_CACHE_WAIT_SECONDS = 60
 MIN_LEASE_SECONDS = 3
 """The library's timing checks need renew deadline (2/3 of it) > 1.2 x retry period (at least 1 s)."""
 logger = logging.getLogger("remediator")
@@ -359,6 +360,12 @@ async def _kubernetes_app(
     )
 
     async def close_client(_app: web.Application) -> AsyncIterator[None]:
+        # Ready only once the node watch has its first LIST (reads go to the API until then).
+        if not await cluster.start_cache(wait_seconds=NODE_CACHE_WAIT_SECONDS):
+            logger.warning(
+                "node cache not synced after %d s; reading nodes from the API meanwhile",
+                NODE_CACHE_WAIT_SECONDS,
+            )
         yield
         await cluster.close()
 

@@ -375,6 +375,7 @@ _PLURALS = {
     "DaemonSet": ("apis/apps/v1", "daemonsets", True),
     "PodDisruptionBudget": ("apis/policy/v1beta1", "poddisruptionbudgets", True),
     "CustomResourceDefinition": ("apis/apiextensions.k8s.io/v1", "customresourcedefinitions", False),
+    "ClusterRoleBinding": ("apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
 }
 
 
