@@ -523,7 +523,8 @@ def test_network_policies_admit_alertmanager_and_prometheus_on_the_service_ports
         for rule in exporter["spec"]["ingress"]
         for p in rule["from"]
     }
-    assert sources == {"prometheus", "accel-health-check"}
+    # Prometheus scrapes; `accel-health check` and the remediator's post-repair verification call /checks.
+    assert sources == {"prometheus", "accel-health-check", "accel-health-remediator"}
     assert all(rule["ports"] == [{"port": 9835, "protocol": "TCP"}] for rule in exporter["spec"]["ingress"])
     # Only the API server (its node's pods); nothing else.
     assert exporter["spec"]["egress"] == [
