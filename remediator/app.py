@@ -11,8 +11,10 @@ not be reached (Alertmanager retries 5xx, never 4xx).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import hmac
 import json
 import logging
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from remediator.alertmanager import AlertmanagerPoller
 from remediator.cluster import BackendUnavailable
 from remediator.engine import Engine
 from remediator.metrics import RemediatorMetrics
@@ -58,6 +61,7 @@ METRICS = web.AppKey("metrics", RemediatorMetrics)
 CREDENTIALS = web.AppKey("credentials", Credentials)
 STATE = web.AppKey("state", ServiceState)
 MAX_BODY = web.AppKey("max_body_bytes", int)
+POLLER = web.AppKey("alertmanager_poller", AlertmanagerPoller)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -130,6 +134,8 @@ async def receive_alerts(request: web.Request) -> web.Response:
     except BackendUnavailable as exc:
         logger.warning("backend unavailable, asking Alertmanager to retry: %s", exc)
         return _error(503, f"backend unavailable, retry later: {exc}", **{"Retry-After": "10"})
+    if POLLER in request.app:
+        request.app[POLLER].poke()  # a delivery says "look again": read what fires now
     outcomes: dict[str, int] = {}
     for plan in plans:
         for record in plan.records:
@@ -264,14 +270,27 @@ async def _stop_drains(app: web.Application) -> None:
     await app[ENGINE].stop()
 
 
+async def _poll_alertmanager(app: web.Application) -> AsyncIterator[None]:
+    """Read what fires now from Alertmanager while leading (remediator/alertmanager.py)."""
+    poller = app[POLLER]
+    task = asyncio.create_task(poller.run(), name="alertmanager-poller")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await poller.client.close()
+
+
 def create_app(
     *,
     engine: Engine,
     token: str | None,
     basic_auth: tuple[str, str] | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    alertmanager: AlertmanagerPoller | None = None,
 ) -> web.Application:
-    """The remediator service. `token=None` and `basic_auth=None` disable auth (--insecure-no-auth)."""
+    """The remediator service. `token=None` and `basic_auth=None` disable auth (--insecure-no-auth).
+    With `alertmanager`, the desired state is read from Alertmanager's API while leading."""
     app = web.Application(client_max_size=max_body_bytes, middlewares=[count_webhooks])
     app[ENGINE] = engine
     app[CREDENTIALS] = Credentials(bearer_token=token or None, basic_auth=basic_auth)
@@ -281,6 +300,10 @@ def create_app(
     engine.subscribe(app[METRICS].observe)
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(_stop_drains)
+    if alertmanager is not None:
+        app[POLLER] = alertmanager
+        app[METRICS].track_alertmanager(alertmanager.counters)
+        app.cleanup_ctx.append(_poll_alertmanager)
     app.router.add_post("/alerts", receive_alerts)
     app.router.add_get("/actions", list_actions)
     app.router.add_get("/state", show_state)

@@ -17,6 +17,12 @@ from aiohttp import web
 from kubernetes.aio import client as k8s
 
 from remediator import leader, repairservice
+from remediator.alertmanager import (
+    DEFAULT_INTERVAL_SECONDS,
+    AlertmanagerClient,
+    AlertmanagerPoller,
+    AlertmanagerSettings,
+)
 from remediator.app import ENGINE, MAX_BODY_BYTES, create_app
 from remediator.cluster import Aws, Cluster
 from remediator.engine import AlertPlan, Engine, EngineSettings
@@ -31,6 +37,7 @@ from remediator.repair import ExporterChecks, exporter_pod_endpoint, url_templat
 DEFAULT_LISTEN = "0.0.0.0:9836"
 EXIT_USAGE = 2
 DEFAULT_LEASE_SECONDS = 15
+NODE_CACHE_WAIT_SECONDS = 60
 MIN_LEASE_SECONDS = 3
 """The library's timing checks need renew deadline (2/3 of it) > 1.2 x retry period (at least 1 s)."""
 logger = logging.getLogger("remediator")
@@ -139,6 +146,30 @@ def _serve_parser() -> argparse.ArgumentParser:
     repair.add_argument(
         "--repair-checks-token-file", type=Path, help="bearer token of the exporters' GET /checks"
     )
+    am = parser.add_argument_group(
+        "Alertmanager API (the alerts firing now; without it, the webhook deliveries with their expiry)"
+    )
+    am.add_argument(
+        "--alertmanager-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="Alertmanager base URL, e.g. http://alertmanager:9093 (repeat for each member of an HA pair)",
+    )
+    am.add_argument(
+        "--alertmanager-receiver",
+        default="",
+        help="only alerts routed to receivers matching this regex (default: every alert)",
+    )
+    am.add_argument("--alertmanager-bearer-token-file", type=Path, help="bearer token for the API")
+    am.add_argument("--alertmanager-basic-auth-file", type=Path, help="USER:PASSWORD for the API")
+    am.add_argument("--alertmanager-ca-file", type=Path, help="CA bundle for https Alertmanager URLs")
+    am.add_argument(
+        "--alertmanager-interval",
+        type=float,
+        default=DEFAULT_INTERVAL_SECONDS,
+        help=f"seconds between two reads while leading (default {DEFAULT_INTERVAL_SECONDS:g})",
+    )
     aws = parser.add_argument_group("AWS (without --aws, AWS actions are only recorded)")
     aws.add_argument("--aws", action="store_true", help="call Auto Scaling and CloudWatch for AWS actions")
     aws.add_argument("--aws-region", help="AWS region (default: from the environment)")
@@ -217,6 +248,37 @@ def _aws(args: argparse.Namespace) -> Aws:
     )
 
 
+def _alertmanager(args: argparse.Namespace) -> AlertmanagerSettings | None:
+    if not args.alertmanager_url:
+        return None
+    for url in args.alertmanager_url:
+        if not url.startswith(("http://", "https://")):
+            raise UsageError(f"--alertmanager-url expects an http:// or https:// URL, got {url!r}")
+    if args.alertmanager_interval < 1:
+        raise UsageError(
+            f"--alertmanager-interval must be at least 1 second, got {args.alertmanager_interval}"
+        )
+    if args.alertmanager_bearer_token_file is not None and args.alertmanager_basic_auth_file is not None:
+        raise UsageError(
+            "--alertmanager-bearer-token-file and --alertmanager-basic-auth-file exclude each other"
+        )
+    token = basic = None
+    if args.alertmanager_bearer_token_file is not None:
+        token = _read_token(args.alertmanager_bearer_token_file, flag="--alertmanager-bearer-token-file")
+    if args.alertmanager_basic_auth_file is not None:
+        basic = _read_basic_auth(args.alertmanager_basic_auth_file, flag="--alertmanager-basic-auth-file")
+    if args.alertmanager_ca_file is not None and not args.alertmanager_ca_file.is_file():
+        raise UsageError(f"--alertmanager-ca-file {args.alertmanager_ca_file}: no such file")
+    return AlertmanagerSettings(
+        urls=tuple(args.alertmanager_url),
+        receiver=args.alertmanager_receiver,
+        bearer_token=token,
+        basic_auth=basic,
+        ca_file=args.alertmanager_ca_file,
+        interval_seconds=args.alertmanager_interval,
+    )
+
+
 def _lease_namespace(args: argparse.Namespace) -> str:
     if args.leader_election_namespace:
         return str(args.leader_election_namespace)
@@ -236,10 +298,11 @@ def _service_app(
     cluster: Cluster,
     token: str | None,
     basic: tuple[str, str] | None,
-    should_run: Callable[[], bool] = lambda: True,
+    leading: Callable[[], bool] = lambda: True,
 ) -> web.Application:
-    """The engine over ``cluster`` and its aiohttp service, with the intake settings and --paused,
-    and the repair loop (on the leader: ``should_run``)."""
+    """The engine over ``cluster`` and its aiohttp service, with the intake settings, --paused, the
+    Alertmanager poller (reading only while `leading()` and the gate state is read) and the repair
+    loop (on the leader only)."""
     engine = Engine(
         policy=policy,
         cluster=cluster,
@@ -247,7 +310,22 @@ def _service_app(
         settings=EngineSettings(dry_run=args.dry_run, node_label=args.node_label),
         clock=time.time,
     )
-    app = create_app(engine=engine, token=token, basic_auth=basic, max_body_bytes=args.max_body_bytes)
+    am_settings = _alertmanager(args)
+    poller = None
+    if am_settings is not None:
+        poller = AlertmanagerPoller(
+            client=AlertmanagerClient(am_settings),
+            reconcile=engine.reconcile,
+            ready=lambda: leading() and engine.synced,
+        )
+        logger.info("desired state: Alertmanager API at %s", ", ".join(am_settings.urls))
+    app = create_app(
+        engine=engine,
+        token=token,
+        basic_auth=basic,
+        max_body_bytes=args.max_body_bytes,
+        alertmanager=poller,
+    )
     if args.paused:
 
         async def start_paused(_app: web.Application) -> None:
@@ -265,7 +343,7 @@ def _service_app(
     verifier = ExporterChecks(
         endpoint=endpoint, token=checks_token, timeout_seconds=policy.repair.check_timeout_seconds
     )
-    repairservice.install(app, cluster=cluster, verifier=verifier, should_run=should_run)
+    repairservice.install(app, cluster=cluster, verifier=verifier, should_run=leading)
     return app
 
 
@@ -302,10 +380,16 @@ async def _kubernetes_app(
         cluster=cluster,
         token=token,
         basic=basic,
-        should_run=(lambda: active.is_leader) if active else (lambda: True),
+        leading=(lambda: active.is_leader) if active else (lambda: True),
     )
 
     async def close_client(_app: web.Application) -> AsyncIterator[None]:
+        # Ready only once the node watch has its first LIST (reads go to the API until then).
+        if not await cluster.start_cache(wait_seconds=NODE_CACHE_WAIT_SECONDS):
+            logger.warning(
+                "node cache not synced after %d s; reading nodes from the API meanwhile",
+                NODE_CACHE_WAIT_SECONDS,
+            )
         yield
         await cluster.close()
 
@@ -324,21 +408,21 @@ async def _kubernetes_app(
     return app
 
 
-def _read_token(path: Path) -> str:
+def _read_token(path: Path, *, flag: str = "--token-file") -> str:
     try:
         token = path.read_text(encoding="utf-8").strip()
     except OSError as exc:
-        raise UsageError(f"cannot read --token-file {path}: {exc.strerror or exc}") from exc
+        raise UsageError(f"cannot read {flag} {path}: {exc.strerror or exc}") from exc
     if not token:
-        raise UsageError(f"--token-file {path} is empty")
+        raise UsageError(f"{flag} {path} is empty")
     return token
 
 
-def _read_basic_auth(path: Path) -> tuple[str, str]:
-    text = _read_token(path)
+def _read_basic_auth(path: Path, *, flag: str = "--basic-auth-file") -> tuple[str, str]:
+    text = _read_token(path, flag=flag)
     user, sep, password = text.partition(":")
     if not sep or not user or not password:
-        raise UsageError(f"--basic-auth-file {path}: expected USER:PASSWORD on one line")
+        raise UsageError(f"{flag} {path}: expected USER:PASSWORD on one line")
     return user, password
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from remediator.policy import AddTaint, Cordon, Drain, Rule, SetCondition
@@ -54,6 +54,10 @@ class Cause:
     """What it holds on the node (see `holds_of`)."""
     expires: float
     """Clock time after which it no longer counts without a new delivery."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """The alert's labels (to decide its resolve when Alertmanager no longer shows it)."""
+    starts_at: str = ""
+    """Its startsAt (part of the idempotency key of that resolve)."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -61,6 +65,8 @@ class Cause:
             "rule": self.rule,
             "holds": sorted(self.holds),
             "expires": self.expires,
+            "labels": dict(self.labels),
+            "startsAt": self.starts_at,
         }
 
 
@@ -73,7 +79,16 @@ class FiringSet:
         self._causes: dict[str, dict[str, Cause]] = {}
         self._next_expiry = math.inf
 
-    def firing(self, node: str, *, fingerprint: str, alertname: str, rule: Rule) -> None:
+    def firing(
+        self,
+        node: str,
+        *,
+        fingerprint: str,
+        alertname: str,
+        rule: Rule,
+        labels: Mapping[str, str] | None = None,
+        starts_at: str = "",
+    ) -> None:
         """A delivery says this alert fires: (re)start its expiry."""
         expires = self._clock() + self.expiry_seconds
         self._causes.setdefault(node, {})[fingerprint] = Cause(
@@ -82,8 +97,24 @@ class FiringSet:
             rule=rule.name,
             holds=holds_of(rule),
             expires=expires,
+            labels=dict(labels or {}),
+            starts_at=starts_at,
         )
         self._next_expiry = min(self._next_expiry, expires)
+
+    def touch(self, node: str, fingerprint: str) -> bool:
+        """Alertmanager still shows this alert (silenced or inhibited): keep it, restart its expiry.
+        True when it was known."""
+        cause = self._causes.get(node, {}).get(fingerprint)
+        if cause is None:
+            return False
+        cause.expires = self._clock() + self.expiry_seconds
+        return True
+
+    def all(self) -> list[tuple[str, Cause]]:
+        """Every (node, cause) firing now."""
+        self._prune()
+        return [(n, c) for n, cs in self._causes.items() for c in cs.values()]
 
     def resolved(self, node: str, fingerprint: str) -> bool:
         """A delivery says it resolved; True when it was counted."""
@@ -141,6 +172,9 @@ class FiringSet:
                     raise ValueError(f"{node}.{fp}: expected a mapping")
                 expires = raw.get("expires")
                 holds = raw.get("holds", [])
+                labels = raw.get("labels", {})
+                if not isinstance(labels, Mapping):
+                    raise ValueError(f"{node}.{fp}.labels: expected a mapping")
                 if isinstance(expires, bool) or not isinstance(expires, int | float):
                     raise ValueError(f"{node}.{fp}.expires: expected a number")
                 if not isinstance(holds, list):
@@ -151,6 +185,8 @@ class FiringSet:
                     rule=str(raw.get("rule", "")),
                     holds=frozenset(str(h) for h in holds),
                     expires=float(expires),
+                    labels={str(k): str(v) for k, v in labels.items()},
+                    starts_at=str(raw.get("startsAt", "")),
                 )
         self._causes = loaded
         self._next_expiry = min((c.expires for cs in loaded.values() for c in cs.values()), default=math.inf)

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from remediator.alertmanager import AlertmanagerView
 from remediator.audit import DecisionLog, DecisionRecord, Outcome
 from remediator.cluster import (
     Aws,
@@ -346,6 +347,8 @@ class Engine:
         self._resume: dict[str, list[Alert]] = {}  # drains a previous leader left running
         self._tasks: set[asyncio.Task[None]] = set()  # drains, and the bookkeeping after each
         self._stopping = False
+        self.suppressed: dict[str, str] = {}
+        """fingerprint -> why, for alerts Alertmanager last showed silenced or inhibited."""
 
     @property
     def budget(self) -> DisruptionBudget:
@@ -504,6 +507,52 @@ class Engine:
             finally:
                 await self._save()
 
+    async def reconcile(self, view: AlertmanagerView) -> list[AlertPlan]:
+        """Converge on what Alertmanager shows now (remediator/alertmanager.py): decide the alerts
+        active there, keep (without acting) those silenced or inhibited, and resolve those this
+        service knew firing that no Alertmanager shows any more."""
+        async with self._lock:
+            await self._load()
+            label = self.settings.node_label
+            self.suppressed = {fp: s.suppressed for fp, s in view.alerts.items() if s.suppressed}
+            firing = self.state.firing
+            active = [s.alert for s in view.alerts.values() if not s.suppressed]
+            quiet: list[Alert] = []
+            for shown in view.alerts.values():
+                if shown.suppressed:
+                    node = shown.alert.labels.get(label, "")
+                    self._dirty = firing.touch(node, shown.alert.fingerprint) or self._dirty
+                    quiet.append(shown.alert)
+            resolved: list[Alert] = []
+            orphans: set[str] = set()
+            for node, cause in firing.all():
+                if cause.fingerprint in view.alerts:
+                    continue
+                if cause.starts_at and cause.labels:
+                    resolved.append(
+                        _resolved_alert(cause.fingerprint, cause.labels, cause.starts_at, self._clock())
+                    )
+                else:  # stored before labels were kept: forget it, release what nothing else holds
+                    firing.resolved(node, cause.fingerprint)
+                    self._dirty = True
+                    orphans.add(node)
+            if orphans:
+                await self._release_held(orphans)
+        plans = [self._suppressed_plan(a) for a in quiet]
+        if active or resolved:
+            plans += await self.handle(_api_payload([*active, *resolved]))
+        return plans
+
+    def _suppressed_plan(self, alert: Alert) -> AlertPlan:
+        """A silenced or inhibited alert: recorded once, nothing done, nothing undone."""
+        node = alert.labels.get(self.settings.node_label) or None
+        why = self.suppressed.get(alert.fingerprint, "suppressed in Alertmanager")
+        rule = self._rule_for(alert)
+        rec = self._ignore(
+            alert, node=node, rule=rule, reason=f"{why}: no action, and what it holds stays held"
+        )
+        return AlertPlan(alert, node, rule, (why,), (rec,) if rec else ())
+
     async def _release_held(self, nodes: set[str]) -> None:
         """Decide again the reversals held back on these nodes: a hold no cause asks for any more
         is released now (the last cause resolved, or expired without a delivery)."""
@@ -543,7 +592,14 @@ class Engine:
                 self._dirty = firing.resolved(node_name, alert.fingerprint) or self._dirty
             elif rule is not None and rule.actions:
                 alertname = alert.labels.get("alertname", "")
-                firing.firing(node_name, fingerprint=alert.fingerprint, alertname=alertname, rule=rule)
+                firing.firing(
+                    node_name,
+                    fingerprint=alert.fingerprint,
+                    alertname=alertname,
+                    rule=rule,
+                    labels=alert.labels,
+                    starts_at=alert.starts_at,
+                )
                 self._dirty = acting = True
         if acting:
             await self._observe_nodes()
@@ -677,6 +733,8 @@ class Engine:
             return AlertPlan(alert, node_name, rule, (*notes, why), (*dropped, *([rec] if rec else [])))
         if resolved:
             notes.append("alert resolved: only on_resolved actions (never destructive) run")
+        elif alert.fingerprint in self.suppressed:
+            return self._suppressed_plan(alert)
         node = await self._cluster.get_node(node_name)
         protected = protected_reason(node, self.policy.safety) if node is not None else None
         notes.append(f"protected-node check: {protected or ('node not found' if node is None else 'passed')}")
@@ -1515,6 +1573,36 @@ def _running_drains(section: Any) -> dict[str, list[Alert]]:
         if payload.alerts:
             drains[str(node)] = list(payload.alerts)
     return drains
+
+
+def _resolved_alert(fingerprint: str, labels: Mapping[str, str], starts_at: str, now: float) -> Alert:
+    """The resolve of an alert no Alertmanager shows any more."""
+    ends = datetime.fromtimestamp(now, tz=UTC).isoformat().replace("+00:00", "Z")
+    return Alert(
+        status="resolved",
+        labels=labels,
+        annotations={},
+        starts_at=starts_at,
+        ends_at=ends,
+        generator_url="",
+        fingerprint=fingerprint,
+    )
+
+
+def _api_payload(alerts: list[Alert]) -> WebhookPayload:
+    """What Alertmanager's API shows, as one delivery."""
+    return WebhookPayload(
+        version="4",
+        group_key="alertmanager-api",
+        truncated_alerts=0,
+        status="firing" if any(a.status == "firing" for a in alerts) else "resolved",
+        receiver="",
+        group_labels={},
+        common_labels={},
+        common_annotations={},
+        external_url="",
+        alerts=tuple(alerts),
+    )
 
 
 def _resume_payload(alerts: list[Alert]) -> WebhookPayload:

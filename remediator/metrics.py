@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from remediator.alertmanager import PollCounters
 from remediator.audit import DecisionRecord
 from remediator.engine import GateStatus
 
@@ -85,6 +86,26 @@ class _GateCollector(Collector):
         )
 
 
+class _PollCollector(Collector):
+    def __init__(self, counters: PollCounters) -> None:
+        self._counters = counters
+
+    def describe(self) -> list[CounterMetricFamily]:
+        return []
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        polls = CounterMetricFamily(
+            "accel_remediator_alertmanager_polls",
+            "Reads of the alerts firing now from Alertmanager's API by result: ok (at least one "
+            "Alertmanager answered), unreachable (none did; the webhook deliveries and their expiry are "
+            "the desired state meanwhile).",
+            labels=["result"],
+        )
+        polls.add_metric(["ok"], self._counters.ok)
+        polls.add_metric(["unreachable"], self._counters.unreachable)
+        yield polls
+
+
 class RemediatorMetrics:
     """accel_remediator_actions_total, accel_remediator_webhooks_total and the gate gauges."""
 
@@ -104,6 +125,10 @@ class RemediatorMetrics:
             registry=self.registry,
         )
         self.registry.register(_GateCollector(status))
+
+    def track_alertmanager(self, counters: PollCounters) -> None:
+        """Export how the reads of Alertmanager's API went."""
+        self.registry.register(_PollCollector(counters))
 
     def observe(self, record: DecisionRecord) -> None:
         self.actions.labels(record.action, record.outcome, str(record.dry_run).lower()).inc()

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any
 
@@ -29,7 +31,7 @@ class Alert:
     annotations: Mapping[str, str]
     """summary, description, runbook_url, ..."""
     starts_at: str
-    """startsAt, exactly as sent (part of the idempotency key)."""
+    """startsAt in UTC with milliseconds (`canonical_time`; part of the idempotency key)."""
     ends_at: str
     """endsAt, as sent."""
     generator_url: str
@@ -103,6 +105,26 @@ def _fingerprint(labels: Mapping[str, str]) -> str:
     return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
 
+_RFC3339 = re.compile(r"(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d+))?(Z|z|[+-]\d{2}:\d{2})$")
+
+
+def canonical_time(text: str) -> str:
+    """An RFC 3339 time in UTC with milliseconds, truncated, as Alertmanager's API v2 writes it (its
+    webhooks write nanoseconds): the same startsAt reads the same from both, so idempotency keys
+    match. Text that is not RFC 3339 is kept as sent."""
+    m = _RFC3339.match(text)
+    if m is None:
+        return text
+    date, clock, frac, zone = m.groups()
+    try:
+        when = datetime.fromisoformat(f"{date}T{clock}{'+00:00' if zone in 'Zz' else zone}")
+        u = when.astimezone(UTC)
+    except (ValueError, OverflowError):
+        return text
+    millis = (frac or "").ljust(3, "0")[:3]
+    return f"{u.year:04d}-{u.month:02d}-{u.day:02d}T{u.hour:02d}:{u.minute:02d}:{u.second:02d}.{millis}Z"
+
+
 def _alert(raw: Any, index: int) -> Alert:
     where = f"alerts[{index}]."
     if not isinstance(raw, dict):
@@ -120,7 +142,7 @@ def _alert(raw: Any, index: int) -> Alert:
         status=status,
         labels=labels,
         annotations=_string_map(raw, "annotations", where),
-        starts_at=starts_at,
+        starts_at=canonical_time(starts_at),
         ends_at=_string(raw, "endsAt", where),
         generator_url=_string(raw, "generatorURL", where),
         fingerprint=fingerprint,

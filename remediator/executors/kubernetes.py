@@ -62,6 +62,7 @@ from remediator.cluster import (
     pod_from_object,
 )
 from remediator.drain import plan_drain
+from remediator.executors.nodecache import NodeCache
 from remediator.state import StateError
 
 logger = logging.getLogger("remediator.kubernetes")
@@ -254,6 +255,9 @@ class KubernetesCluster:
         self._state_version: str | None = None  # resourceVersion of the state ConfigMap last read
         self.api_unavailable: dict[str, int] = {}
         """Optional API -> how often it answered 404 (not served by this API server); a metric."""
+        self.nodes = NodeCache(core=self._core, list_all=self._list_nodes_with_version)
+        """The watch-backed node cache; reads come from it once `start_cache()` synced it."""
+        self._cache_task: asyncio.Task[None] | None = None
 
     # -- connecting ----------------------------------------------------------------------------
 
@@ -308,8 +312,20 @@ class KubernetesCluster:
             return from_service_account()
         return await from_kubeconfig(path, source)
 
+    async def start_cache(self, *, wait_seconds: float = 60.0) -> bool:
+        """Start watching nodes and wait (up to `wait_seconds`) for the first LIST: whether it synced.
+        Until it has, node reads go to the API."""
+        if self._cache_task is None:
+            self._cache_task = asyncio.create_task(self.nodes.run(), name="node-cache")
+        return await self.nodes.wait_synced(wait_seconds)
+
     async def close(self) -> None:
-        """Close the HTTP connection pool."""
+        """Stop the node watch and close the HTTP connection pool."""
+        if self._cache_task is not None:
+            self._cache_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._cache_task
+            self._cache_task = None
         await self.api.close()  # type: ignore[no-untyped-call]  # untyped upstream
 
     # -- the request layer ---------------------------------------------------------------------
@@ -364,15 +380,24 @@ class KubernetesCluster:
         raise BackendUnavailable(f"Kubernetes API: {what} failed after {attempts} attempts: {last}")
 
     async def _read_node_object(self, name: str) -> dict[str, Any] | None:
+        """The node as the API server has it now (a GET: read-modify-write starts here)."""
         try:
             obj: dict[str, Any] = await self._call(
                 f"read node {name}", self._core.read_node_without_preload_content, name
             )
         except ApiError as exc:
             if exc.status == 404:
+                self.nodes.forget(name)
                 return None
             raise BackendUnavailable(f"Kubernetes API: read node {name}: {exc}") from exc
+        self.nodes.observe(obj)
         return obj
+
+    async def _cached_node_object(self, name: str) -> dict[str, Any] | None:
+        """The node as the watch last saw it (the API when the cache is not synced yet)."""
+        if self.nodes.synced:
+            return self.nodes.get(name)
+        return await self._read_node_object(name)
 
     async def _patch_node(
         self, name: str, body: Mapping[str, Any], *, status: bool = False, ctype: str = MERGE_PATCH
@@ -390,6 +415,7 @@ class KubernetesCluster:
             _content_type=ctype,
             field_manager=self.settings.manager,
         )
+        self.nodes.observe(obj)  # our own write, seen at once
         return obj
 
     async def _modify_node(
@@ -443,7 +469,7 @@ class KubernetesCluster:
     # -- reads ---------------------------------------------------------------------------------
 
     async def get_node(self, name: str) -> Node | None:
-        obj = await self._read_node_object(name)
+        obj = await self._cached_node_object(name)
         if obj is None:
             return None
         try:
@@ -505,8 +531,29 @@ class KubernetesCluster:
             field_selector=f"spec.nodeName={node}",
         )
 
+    async def _list_nodes_with_version(self) -> tuple[list[dict[str, Any]], str]:
+        """Every node and the list's resourceVersion (where the node watch starts)."""
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            extra: dict[str, Any] = {"_continue": token} if token else {}
+            try:
+                page = await self._call(
+                    "list nodes", self._core.list_node_without_preload_content, limit=500, **extra
+                )
+            except ApiError as exc:
+                raise BackendUnavailable(f"Kubernetes API: list nodes: {exc}") from exc
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                return items, str(meta.get("resourceVersion", ""))
+
     async def list_nodes(self) -> list[Node]:
-        objs = await self._list_all("list nodes", self._core.list_node_without_preload_content)
+        if self.nodes.synced:
+            objs = self.nodes.objects()
+        else:
+            objs = await self._list_all("list nodes", self._core.list_node_without_preload_content)
         try:
             return [node_from_object(o) for o in objs]
         except ObjectFormatError as exc:

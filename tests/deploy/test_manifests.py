@@ -447,7 +447,7 @@ def test_no_token_value_is_shipped(rendered: dict[str, list[dict[str, Any]]]) ->
 
 EXPECTED_RBAC = {
     ("ClusterRole", "accel-health-remediator"): {
-        ("", "nodes"): {"get", "list", "patch"},
+        ("", "nodes"): {"get", "list", "patch", "watch"},
         ("", "nodes/status"): {"patch"},
         ("", "pods"): {"list"},
         ("", "pods/eviction"): {"create"},

@@ -182,7 +182,8 @@ class ControlPlane:
         return "\n".join(p.tail() for p in self.processes)
 
     def audit(self, *, user: str | None = None) -> list[Obj]:
-        """The API server's audit events (ResponseComplete), optionally of one user only."""
+        """The API server's audit events (ResponseComplete, or ResponseStarted for a watch), optionally
+        of one user only."""
         events = []
         path = self.workdir / "audit.log"
         if not path.exists():
@@ -192,7 +193,10 @@ class ControlPlane:
                 event = json.loads(line)
             except ValueError:
                 continue  # a line being written
-            if event.get("stage") != "ResponseComplete":
+            stage = event.get("stage")
+            # A watch completes only when it ends (minutes later): count it when its answer starts.
+            started_watch = stage == "ResponseStarted" and event.get("verb") == "watch"
+            if stage != "ResponseComplete" and not started_watch:
                 continue
             if user is None or event.get("user", {}).get("username") == user:
                 events.append(event)
@@ -375,6 +379,7 @@ _PLURALS = {
     "DaemonSet": ("apis/apps/v1", "daemonsets", True),
     "PodDisruptionBudget": ("apis/policy/v1beta1", "poddisruptionbudgets", True),
     "CustomResourceDefinition": ("apis/apiextensions.k8s.io/v1", "customresourcedefinitions", False),
+    "ClusterRoleBinding": ("apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
 }
 
 

@@ -71,7 +71,8 @@ class SkewProxy:
         )
         app = web.Application(client_max_size=16 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
+        # Watches stream for minutes: on stop, cut them after a second instead of waiting for them.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         serving = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         serving.load_cert_chain(str(self.cert_file), str(self.key_file))

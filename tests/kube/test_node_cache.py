@@ -1,0 +1,138 @@
+"""The executor's watch-backed node cache against the real API server, requests counted in its audit log.
+
+The remediator's client runs as a ServiceAccount of its own so that the audit log tells its requests
+apart. Covered: one LIST then a WATCH, a human's cordon seen through the watch; a firing delivery
+makes no LIST and, per action, one GET (read-modify-write), one PATCH and its Event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes.aio import client as k8s
+
+from remediator.engine import Engine, EngineSettings
+from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings
+from remediator.executors.snapshot import RecordingAws
+from remediator.payload import parse_payload
+from remediator.policy import parse_policy
+from tests.kube.controlplane import ControlPlane, apply_objects
+from tests.kube.kubelet import FakeKubelet, KubeletSettings
+from tests.kube.rest import Obj
+
+NS = "accel-health"
+SA = "counted"
+USER = f"system:serviceaccount:{NS}:{SA}"
+NODES = [f"gpu-{i}" for i in range(5)]
+CORDON = parse_policy(
+    "safety: {max_disrupted_nodes: 3, storm_breaker: {enabled: false}}\n"
+    "rules:\n  - {name: c, actions: [cordon], on_resolved: [uncordon]}\n"
+)
+
+
+@pytest.fixture(scope="module")
+def token(plane: ControlPlane, workdir: Path) -> Iterator[str]:
+    fake = FakeKubelet(plane=plane, workdir=workdir, settings=KubeletSettings(start_delay=0.2))
+    for name in NODES:
+        fake.add_node(name, labels={"pool": "gpu"}, capacity={"nvidia.com/gpu": "8"})
+    objects: list[Obj] = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": SA, "namespace": NS}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": SA},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "cluster-admin",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": SA, "namespace": NS}],
+        },
+    ]
+    apply_objects(plane.admin, objects)
+    fake.start()
+    yield plane.service_account_token(NS, SA)
+    fake.stop()
+
+
+def cluster_for(plane: ControlPlane, token: str) -> KubernetesCluster:
+    cfg = k8s.Configuration(host=plane.server)
+    cfg.api_key = {"authorization": token}
+    cfg.api_key_prefix = {"authorization": "Bearer"}
+    cfg.ssl_ca_cert = str(plane.pki.ca_cert)
+    settings = KubernetesSettings(state_namespace=NS, request_timeout_seconds=5.0, instance="test")
+    return KubernetesCluster(api=k8s.ApiClient(cfg), settings=settings)
+
+
+def requests(plane: ControlPlane, since: int = 0) -> list[tuple[str, str]]:
+    """(verb, resource) of the ServiceAccount's requests, after the first `since` ones."""
+    out = []
+    for event in plane.audit(user=USER)[since:]:
+        ref = event.get("objectRef") or {}
+        sub = ref.get("subresource")
+        out.append((str(event["verb"]), str(ref.get("resource", "")) + (f"/{sub}" if sub else "")))
+    return out
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 10.0) -> None:
+    async with asyncio.timeout(seconds):
+        while True:
+            if await check():
+                return
+            await asyncio.sleep(0.1)
+
+
+async def test_the_cache_lists_once_then_follows_a_humans_cordon_through_the_watch(
+    plane: ControlPlane, token: str
+) -> None:
+    cluster = cluster_for(plane, token)
+    try:
+        assert await cluster.start_cache(wait_seconds=20)
+        assert {n.name for n in await cluster.list_nodes()} >= set(NODES)
+        plane.admin.merge_patch("/api/v1/nodes/gpu-4", {"spec": {"unschedulable": True}})
+
+        async def cordoned() -> bool:
+            node = await cluster.get_node("gpu-4")
+            return node is not None and node.unschedulable
+
+        await eventually(cordoned)
+        assert (cluster.nodes.lists, cluster.nodes.watches) == (1, 1)
+    finally:
+        await cluster.close()
+        plane.admin.merge_patch("/api/v1/nodes/gpu-4", {"spec": {"unschedulable": None}})
+
+
+async def test_a_firing_delivery_makes_no_list_and_one_read_and_one_write_per_action(
+    plane: ControlPlane, token: str
+) -> None:
+    cluster = cluster_for(plane, token)
+    engine = Engine(
+        policy=CORDON, cluster=cluster, aws=RecordingAws(), settings=EngineSettings(), clock=time.time
+    )
+    try:
+        assert await cluster.start_cache(wait_seconds=20)
+        await engine.start()
+        before = len(plane.audit(user=USER))
+        alerts = [
+            {"labels": {"alertname": "AccelGPUFatalXid", "node": n}, "startsAt": "2025-11-22T20:00:00Z"}
+            for n in ("gpu-0", "gpu-1")
+        ]
+        await engine.handle(parse_payload({"version": "4", "alerts": alerts}))
+        assert [r.outcome for r in engine.log.records()] == ["done", "done"]
+        made = requests(plane, before)
+    finally:
+        await cluster.close()
+        for n in ("gpu-0", "gpu-1"):
+            plane.admin.merge_patch(f"/api/v1/nodes/{n}", {"spec": {"unschedulable": None}})
+        plane.admin.delete(f"/api/v1/namespaces/{NS}/configmaps/accel-health-remediator-state")
+    assert ("list", "nodes") not in made
+    node_requests = sorted(r for r in made if r[1] == "nodes")
+    assert node_requests == [("get", "nodes")] * 2 + [("patch", "nodes")] * 2
+    # Per alert two Events (the fault seen, the cordon done); per delivery the gate state, written once.
+    others = sorted(r for r in made if r[1] != "nodes")
+    assert others == [("create", "configmaps")] + [("create", "events")] * 4

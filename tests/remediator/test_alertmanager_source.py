@@ -1,0 +1,102 @@
+"""Reading Alertmanager's API v2: its alerts parsed (silenced and inhibited ones marked), the answers
+of an HA pair merged, startsAt read the same from the API and from webhooks, the poller's counters
+and the `--alertmanager-*` flags refused when unusable. Real Alertmanager for what it answers."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from remediator.alertmanager import (
+    AlertmanagerClient,
+    AlertmanagerPoller,
+    AlertmanagerSettings,
+    AlertmanagerView,
+    ShownAlert,
+    merge_views,
+    parse_api_alerts,
+)
+from remediator.cli import main
+from remediator.payload import PayloadError, canonical_time
+from tests import alertmanager_process
+from tests.alertmanager_process import Alertmanager, fired
+from tests.remediator.conftest import SNAPSHOT
+
+needs_alertmanager = pytest.mark.skipif(not alertmanager_process.available(), reason="no alertmanager")
+
+
+def test_a_webhooks_nanoseconds_and_the_apis_milliseconds_read_as_the_same_start() -> None:
+    assert canonical_time("2025-11-22T21:00:00.123456789+01:00") == "2025-11-22T20:00:00.123Z"
+    assert canonical_time("2025-11-22T20:00:00.123Z") == "2025-11-22T20:00:00.123Z"
+    assert canonical_time("2025-11-22T20:00:00Z") == "2025-11-22T20:00:00.000Z"
+    assert canonical_time("yesterday") == "yesterday"
+
+
+def test_an_api_answer_that_is_not_a_list_of_alerts_is_refused_naming_the_field() -> None:
+    with pytest.raises(PayloadError, match="JSON array"):
+        parse_api_alerts({"alerts": []})
+    with pytest.raises(PayloadError, match=r"\[0\]: alerts\[0\]\.startsAt"):
+        parse_api_alerts([{"labels": {"node": "n"}, "status": {"state": "active"}}])
+    with pytest.raises(PayloadError, match=r"\[0\]\.status"):
+        parse_api_alerts([{"labels": {"node": "n"}, "startsAt": "2025-01-01T00:00:00Z", "status": "x"}])
+
+
+def _shown(fp: str, suppressed: str = "") -> ShownAlert:
+    raw = {"labels": {"node": "n"}, "startsAt": "2025-01-01T00:00:00Z", "fingerprint": fp}
+    status = {
+        "state": "suppressed" if suppressed else "active",
+        "silencedBy": [suppressed] if suppressed else [],
+    }
+    return parse_api_alerts([{**raw, "status": status}])[0]
+
+
+def test_a_silence_on_either_member_of_a_pair_wins_over_the_others_active() -> None:
+    view = merge_views(
+        {"a": [_shown("1"), _shown("2")], "b": [_shown("1", "s-1"), _shown("2")]}, {"c": "refused"}
+    )
+    assert view.alerts["1"].suppressed == "silenced in Alertmanager by s-1"
+    assert view.alerts["2"].suppressed == ""
+    assert view.reached == ("a", "b")
+    assert dict(view.unreachable) == {"c": "refused"}
+
+
+@needs_alertmanager
+async def test_the_client_reads_active_and_silenced_alerts_and_marks_the_silenced(tmp_path: Path) -> None:
+    am = Alertmanager(workdir=tmp_path / "am")
+    client = AlertmanagerClient(AlertmanagerSettings(urls=(am.url, "http://127.0.0.1:9")))
+    seen: list[AlertmanagerView] = []
+    poller = AlertmanagerPoller(client=client, reconcile=seen.append, ready=lambda: True)
+    try:
+        am.post_alerts(fired("a", starts_at=time.time() - 5), fired("b", starts_at=time.time() - 5))
+        silence = am.silence(matchers={"node": "b"})
+        view = await poller.poll_once()
+    finally:
+        await client.close()
+        am.stop()
+    assert view is not None
+    assert seen == [view]
+    by_node = {s.alert.labels["node"]: s for s in view.alerts.values()}
+    assert by_node["a"].suppressed == ""
+    assert by_node["b"].suppressed == f"silenced in Alertmanager by {silence}"
+    assert by_node["a"].alert.ends_at  # the real endsAt, not zero
+    assert view.reached == (am.url,)
+    assert list(view.unreachable) == ["http://127.0.0.1:9"]
+    assert (poller.counters.ok, poller.counters.unreachable) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--alertmanager-url=alertmanager:9093"], "expects an http:// or https:// URL"),
+        (["--alertmanager-url=http://a:9093", "--alertmanager-interval=0.5"], "at least 1 second"),
+        (["--alertmanager-url=http://a:9093", "--alertmanager-ca-file=/nonexistent"], "no such file"),
+    ],
+)
+def test_unusable_alertmanager_flags_are_refused_at_start(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["serve", "--insecure-no-auth", f"--cluster-snapshot={SNAPSHOT}", "--listen=127.0.0.1:0", *flags]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
