@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import ctypes
 import json
 import os
 import secrets
@@ -33,6 +34,7 @@ import yaml
 from tests.kube.pki import Pki, write_pki
 from tests.kube.rest import ApiError, Obj, Rest
 
+_PR_SET_PDEATHSIG = 1
 VERSION = "1.20.2"
 BUILD = 2
 """scripts/build-control-plane.sh's BUILD: the cache folder of another build is not used."""
@@ -104,6 +106,12 @@ class Process:
                 self.popen.wait()
 
 
+def die_with_parent() -> None:
+    """Runs in each child before exec: the kernel sends it SIGTERM when the test process dies, so an
+    interrupted run leaves no API server behind."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def spawn(name: str, argv: list[str], *, log_dir: Path, env: dict[str, str] | None = None) -> Process:
     log = log_dir / f"{name}.log"
     with log.open("ab") as out:
@@ -114,6 +122,7 @@ def spawn(name: str, argv: list[str], *, log_dir: Path, env: dict[str, str] | No
             stdin=subprocess.DEVNULL,
             env=env,
             start_new_session=True,
+            preexec_fn=die_with_parent,  # noqa: PLW1509 -- prctl only, no locks or threads touched
         )
     return Process(name=name, popen=popen, log=log)
 

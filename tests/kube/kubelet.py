@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tests.kube.controlplane import ControlPlane, Process
+from tests.kube.controlplane import ControlPlane, Process, die_with_parent
 from tests.kube.podnet import PodNetwork
 from tests.kube.rest import ApiError, Obj
 
@@ -560,6 +560,7 @@ class FakeKubelet:
                 stdin=subprocess.DEVNULL,
                 cwd=REPO,
                 start_new_session=True,
+                preexec_fn=die_with_parent,  # noqa: PLW1509 -- prctl only, no locks or threads touched
                 env={**os.environ, "PYTHONPATH": str(REPO)},
             )
         return Process(name=name, popen=popen, log=log)
