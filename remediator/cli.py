@@ -144,7 +144,9 @@ def _serve_parser() -> argparse.ArgumentParser:
         "exporter pod on the node, http://<pod IP>:9835/checks)",
     )
     repair.add_argument(
-        "--repair-checks-token-file", type=Path, help="bearer token of the exporters' GET /checks"
+        "--repair-checks-token-file",
+        type=Path,
+        help="bearer token of the exporters' GET /checks, read at every verification (may be set later)",
     )
     am = parser.add_argument_group(
         "Alertmanager API (the alerts firing now; without it, the webhook deliveries with their expiry)"
@@ -337,11 +339,10 @@ def _service_app(
         if args.repair_checks_url
         else exporter_pod_endpoint(cluster)
     )
-    checks_token = (
-        _read_token(args.repair_checks_token_file) if args.repair_checks_token_file is not None else None
-    )
     verifier = ExporterChecks(
-        endpoint=endpoint, token=checks_token, timeout_seconds=policy.repair.check_timeout_seconds
+        endpoint=endpoint,
+        token_file=args.repair_checks_token_file,
+        timeout_seconds=policy.repair.check_timeout_seconds,
     )
     repairservice.install(app, cluster=cluster, verifier=verifier, should_run=leading)
     return app

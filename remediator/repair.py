@@ -40,6 +40,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -100,19 +101,34 @@ class ExporterChecks:
         self,
         *,
         endpoint: Callable[[str], Awaitable[str | None]],
-        token: str | None,
+        token: str | None = None,
+        token_file: Path | None = None,
         timeout_seconds: float = 120.0,
     ) -> None:
         self._endpoint = endpoint
         self._token = token
+        self._token_file = token_file
+        """Read at every verification: the Secret may be set or rotated after the start."""
         self._timeout = timeout_seconds
 
+    def _current_token(self) -> str | None:
+        if self._token_file is None:
+            return self._token
+        try:
+            return self._token_file.read_text(encoding="utf-8").strip() or None
+        except OSError:
+            return None
+
     async def verify(self, node: str, checks: Sequence[str]) -> Verification:
+        token = self._current_token()
+        if self._token_file is not None and token is None:
+            # Not a failed check: the node stays out and is verified again once the token is there.
+            return Verification("error", error=f"no checks token in {self._token_file} yet")
         url = await self._endpoint(node)
         if url is None:
             return Verification("error", error="no running exporter pod with an IP on the node")
         (answer,) = await run_checks(
-            {node: url}, checks=checks, params={}, token=self._token, batch=1, seconds=self._timeout
+            {node: url}, checks=checks, params={}, token=token, batch=1, seconds=self._timeout
         )
         if answer.error:
             return Verification("error", error=answer.error)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from pathlib import Path
 
 from remediator.audit import DecisionRecord
 from remediator.cluster import Node, NodeCondition
@@ -22,6 +23,7 @@ from remediator.repair import (
     HISTORY,
     QUARANTINE,
     REBOOTED,
+    ExporterChecks,
     RepairLoop,
     Verification,
     reboot_step,
@@ -189,3 +191,24 @@ def test_reboot_step_reboots_waits_asks_again_and_escalates() -> None:
     assert step == "replace"
     assert "came back 1000 s after the reboot" in why
     assert reboot_step(rebooted(1000, "boot-before"), action, now=1000 + 3601)[0] == "reboot"  # long ago
+
+
+async def test_the_checks_token_file_is_read_at_each_verification_and_a_missing_one_is_no_failure(
+    tmp_path: Path,
+) -> None:
+    asked: list[str] = []
+
+    async def endpoint(node: str) -> str | None:
+        asked.append(node)
+        return None  # no exporter pod: the verification after the token is there gets this far
+
+    token_file = tmp_path / "token"
+    verifier = ExporterChecks(endpoint=endpoint, token_file=token_file)
+    missing = await verifier.verify("gpu-node-1", ["remapped"])
+    assert missing.verdict == "error"
+    assert "no checks token" in missing.error
+    assert asked == []  # nothing was asked of the node without a token
+    token_file.write_text("s3cret\n")
+    later = await verifier.verify("gpu-node-1", ["remapped"])
+    assert later.verdict == "error"
+    assert asked == ["gpu-node-1"]
