@@ -155,7 +155,7 @@ def port_is_free(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) != 0
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Runs in each child before exec: the kernel sends it SIGTERM if the demo itself dies."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -414,7 +414,7 @@ class Pipeline:
                 env={**os.environ, **env} if env else None,
                 # Own session: a Ctrl-C reaches the demo only, which then stops the parts in order.
                 start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 -- prctl only, no locks or threads touched
+                preexec_fn=die_with_parent,  # noqa: PLW1509 -- prctl only, no locks or threads touched
             )
         self.processes.append(_Process(name=name, popen=popen, log=log, ports=ports))
 
@@ -595,6 +595,7 @@ __all__ = [
     "Pipeline",
     "PipelineError",
     "SimulatedGpus",
+    "die_with_parent",
     "fault_matches_alert",
     "free_port",
     "install_sigterm_handler",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -18,18 +17,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from examples.pipeline import free_port
+
 BINARY = "prometheus-alertmanager"
 
 
 def available() -> bool:
     return shutil.which(BINARY) is not None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def rfc3339(ts: float) -> str:
@@ -42,7 +36,7 @@ class Alertmanager:
     def __init__(self, *, workdir: Path, webhook_url: str | None = None, token: str | None = None) -> None:
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         receiver: dict[str, Any] = {"name": "accel-health-remediator"}
         if webhook_url is not None:

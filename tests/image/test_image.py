@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tomllib
 import urllib.request
@@ -27,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from examples.pipeline import free_port
 from tests.exporter.helpers import GPU_NODE, spawn_exporter, wait_until
 from tests.exporter.test_golden import normalise
 
@@ -153,13 +153,6 @@ def _get(url: str, body: bytes | None = None) -> tuple[int, bytes]:
         return status, data
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 # -- what is in the image ---------------------------------------------------------------------------
 
 
@@ -232,7 +225,7 @@ def test_the_exporter_in_the_image_serves_the_fixture_node_as_the_source_tree_do
 def test_the_remediator_in_the_image_answers_healthz_and_records_dry_run_decisions(
     image: Unpacked, tmp_path: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     args = [
         "accel-health-remediator",
         f"--listen=127.0.0.1:{port}",

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ctypes
 import json
 import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -31,10 +29,10 @@ from pathlib import Path
 
 import yaml
 
+from examples.pipeline import die_with_parent, free_port
 from tests.kube.pki import Pki, write_pki
 from tests.kube.rest import ApiError, Obj, Rest
 
-_PR_SET_PDEATHSIG = 1
 VERSION = "1.20.2"
 BUILD = 2
 """scripts/build-control-plane.sh's BUILD: the cache folder of another build is not used."""
@@ -63,13 +61,6 @@ def find_binaries() -> Path:
             "(`make test` does, once) or point KUBEBUILDER_ASSETS at a folder with them"
         )
     return folder
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_for(what: str, check: Callable[[], bool], *, timeout: float, interval: float = 0.1) -> None:
@@ -106,13 +97,10 @@ class Process:
                 self.popen.wait()
 
 
-def die_with_parent() -> None:
-    """Runs in each child before exec: the kernel sends it SIGTERM when the test process dies, so an
-    interrupted run leaves no API server behind."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def spawn(name: str, argv: list[str], *, log_dir: Path, env: dict[str, str] | None = None) -> Process:
+def spawn(
+    name: str, argv: list[str], *, log_dir: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> Process:
+    """Start `argv` in a session of its own, logging to `log_dir/name.log`; it dies with this process."""
     log = log_dir / f"{name}.log"
     with log.open("ab") as out:
         popen = subprocess.Popen(
@@ -121,6 +109,7 @@ def spawn(name: str, argv: list[str], *, log_dir: Path, env: dict[str, str] | No
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
+            cwd=cwd,
             start_new_session=True,
             preexec_fn=die_with_parent,  # noqa: PLW1509 -- prctl only, no locks or threads touched
         )
@@ -361,6 +350,20 @@ def control_plane(workdir: Path, *, extra_ips: tuple[str, ...] = ()) -> Iterator
         yield plane
     finally:
         plane.stop()
+
+
+def forget_remediation(plane: ControlPlane, *, namespace: str, state_configmap: str) -> None:
+    """Every node schedulable and without the remediator's annotations, and no stored gate state:
+    a clean slate between tests that share a control plane."""
+    for node in plane.admin.items("/api/v1/nodes"):
+        annotations = {k: None for k in node["metadata"].get("annotations") or {} if "accel-health" in k}
+        patch: Obj = {"spec": {"unschedulable": None}, "metadata": {"annotations": annotations}}
+        plane.admin.merge_patch(f"/api/v1/nodes/{node['metadata']['name']}", patch)
+    try:
+        plane.admin.delete(f"/api/v1/namespaces/{namespace}/configmaps/{state_configmap}")
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
 
 
 def apply_objects(rest: Rest, objects: list[Obj]) -> None:

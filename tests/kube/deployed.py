@@ -33,12 +33,12 @@ from typing import Any
 
 import yaml
 
+from examples.pipeline import free_port
 from tests.deploy import kube as deploy_kube
 from tests.kube.controlplane import (
     ControlPlane,
     Process,
     apply_objects,
-    free_port,
     spawn,
     start_control_plane,
     wait_for,

@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -37,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tests.kube.controlplane import ControlPlane, Process, die_with_parent
+from tests.kube.controlplane import ControlPlane, Process, spawn
 from tests.kube.podnet import PodNetwork
 from tests.kube.rest import ApiError, Obj
 
@@ -536,7 +535,6 @@ class FakeKubelet:
         )
 
     def _exec(self, netns: str, spec_file: Path, *, name: str) -> Process:
-        log = self.workdir / f"{name}.log"
         argv = [
             "ip",
             "netns",
@@ -552,18 +550,7 @@ class FakeKubelet:
             "tests.kube.podrun",
             str(spec_file),
         ]
-        with log.open("ab") as out:
-            popen = subprocess.Popen(
-                argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=REPO,
-                start_new_session=True,
-                preexec_fn=die_with_parent,  # noqa: PLW1509 -- prctl only, no locks or threads touched
-                env={**os.environ, "PYTHONPATH": str(REPO)},
-            )
-        return Process(name=name, popen=popen, log=log)
+        return spawn(name, argv, log_dir=self.workdir, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
 
     def _env(self, pod: Obj, container: Obj) -> dict[str, str]:
         meta = pod["metadata"]

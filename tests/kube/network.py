@@ -16,7 +16,7 @@ import contextlib
 import re
 import ssl
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import aiohttp
 from aiohttp import web
 
+from tests.kube.controlplane import ControlPlane
 from tests.kube.rest import ApiError, Rest
 
 _POLICY_V1 = re.compile(r"^/apis/policy/v1(/|$)")
@@ -165,6 +166,25 @@ class ServiceProxy:
                 dst.close()
 
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
+@contextlib.contextmanager
+def skew_proxy(plane: ControlPlane, *, host: str = "127.0.0.1") -> Iterator[str]:
+    """A SkewProxy in front of `plane` on `host`, on a loop of its own; yields its https URL."""
+    loop = Loop()
+    proxy = SkewProxy(
+        upstream=plane.server,
+        ca_file=plane.pki.ca_cert,
+        cert_file=plane.pki.serving_cert,
+        key_file=plane.pki.serving_key,
+        host=host,
+    )
+    loop.run(proxy.start())
+    try:
+        yield f"https://{host}:{proxy.port}"
+    finally:
+        loop.run(proxy.stop())
+        loop.close()
 
 
 def run_sync(loop: Loop, start: Callable[[], Awaitable[None]]) -> None:

@@ -27,9 +27,8 @@ from remediator.payload import parse_payload
 from remediator.policy import parse_policy
 from tests import alertmanager_process
 from tests.alertmanager_process import Alertmanager, ended, fired
-from tests.kube.controlplane import ControlPlane, apply_objects
+from tests.kube.controlplane import ControlPlane, apply_objects, forget_remediation
 from tests.kube.kubelet import FakeKubelet, KubeletSettings
-from tests.kube.rest import ApiError, Obj
 from tests.remediator.conftest import AiohttpClient
 
 pytestmark = pytest.mark.skipif(
@@ -58,20 +57,9 @@ def kubelet(plane: ControlPlane, workdir: Path) -> Iterator[FakeKubelet]:
 
 @pytest.fixture
 def fresh(plane: ControlPlane, kubelet: FakeKubelet) -> Iterator[None]:
-    def reset() -> None:
-        for node in plane.admin.items("/api/v1/nodes"):
-            annotations = {k: None for k in node["metadata"].get("annotations") or {} if "accel-health" in k}
-            patch: Obj = {"spec": {"unschedulable": None}, "metadata": {"annotations": annotations}}
-            plane.admin.merge_patch(f"/api/v1/nodes/{node['metadata']['name']}", patch)
-        try:
-            plane.admin.delete(f"/api/v1/namespaces/{NS}/configmaps/{STATE_CM}")
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
-
-    reset()
+    forget_remediation(plane, namespace=NS, state_configmap=STATE_CM)
     yield
-    reset()
+    forget_remediation(plane, namespace=NS, state_configmap=STATE_CM)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 
 from tests.kube.controlplane import ControlPlane, apply_objects, wait_for
 from tests.kube.kubelet import FakeKubelet, KubeletSettings, fits
-from tests.kube.network import Loop, SkewProxy
+from tests.kube.network import skew_proxy
 from tests.kube.rest import ApiError, Obj, Rest
 
 NS = "harness"
@@ -137,33 +137,19 @@ def test_the_disruption_controller_enforces_a_pdb_on_evictions(
 def test_the_skew_proxy_serves_policy_v1_on_the_old_server_with_the_callers_identity(
     plane: ControlPlane, kubelet: FakeKubelet
 ) -> None:
-    loop = Loop()
-    proxy = SkewProxy(
-        upstream=plane.server,
-        ca_file=plane.pki.ca_cert,
-        cert_file=plane.pki.serving_cert,
-        key_file=plane.pki.serving_key,
-        host="127.0.0.1",
-    )
-    loop.run(proxy.start())
-    try:
-        admin = Rest(
-            server=f"https://127.0.0.1:{proxy.port}", token=plane.admin_token, ca_file=plane.pki.ca_cert
-        )
+    with skew_proxy(plane) as url:
+        admin = Rest(server=url, token=plane.admin_token, ca_file=plane.pki.ca_cert)
         listed = admin.get(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets")
         assert listed["apiVersion"] == "policy/v1"
         assert [i["metadata"]["name"] for i in listed["items"]] == ["guarded"]
         nobody = Rest(
-            server=f"https://127.0.0.1:{proxy.port}",
+            server=url,
             token=plane.service_account_token("default", "default"),
             ca_file=plane.pki.ca_cert,
         )
         with pytest.raises(ApiError) as err:
             nobody.get(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets")
         assert err.value.status == 403
-    finally:
-        loop.run(proxy.stop())
-        loop.close()
 
 
 def test_the_scheduler_predicates_follow_taints_selectors_and_affinity() -> None:

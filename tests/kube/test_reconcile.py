@@ -32,9 +32,9 @@ from remediator.executors.kubernetes import STATE_KEY, KubernetesCluster, Kubern
 from remediator.executors.snapshot import RecordingAws
 from remediator.payload import WebhookPayload, parse_payload
 from remediator.policy import Policy, parse_policy
-from tests.kube.controlplane import ControlPlane, apply_objects, wait_for
+from tests.kube.controlplane import ControlPlane, apply_objects, forget_remediation, wait_for
 from tests.kube.kubelet import FakeKubelet, KubeletSettings
-from tests.kube.network import Loop, SkewProxy
+from tests.kube.network import skew_proxy
 from tests.kube.rest import ApiError, Obj
 from tests.remediator.conftest import AiohttpClient
 
@@ -65,38 +65,17 @@ def kubelet(plane: ControlPlane, workdir: Path) -> Iterator[FakeKubelet]:
 @pytest.fixture(scope="module")
 def proxy(plane: ControlPlane) -> Iterator[str]:
     """policy/v1 (Evictions, PDBs) on the 1.20 server, with the caller's own token."""
-    loop = Loop()
-    skew = SkewProxy(
-        upstream=plane.server,
-        ca_file=plane.pki.ca_cert,
-        cert_file=plane.pki.serving_cert,
-        key_file=plane.pki.serving_key,
-        host="127.0.0.1",
-    )
-    loop.run(skew.start())
-    yield f"https://127.0.0.1:{skew.port}"
-    loop.run(skew.stop())
-    loop.close()
+    with skew_proxy(plane) as url:
+        yield url
 
 
 @pytest.fixture
 def fresh(plane: ControlPlane, kubelet: FakeKubelet) -> Iterator[None]:
     """Every node schedulable and without this service's annotations, and no stored gate state."""
 
-    def reset() -> None:
-        for node in plane.admin.items("/api/v1/nodes"):
-            annotations = {k: None for k in node["metadata"].get("annotations") or {} if "accel-health" in k}
-            patch: Obj = {"spec": {"unschedulable": None}, "metadata": {"annotations": annotations}}
-            plane.admin.merge_patch(f"/api/v1/nodes/{node['metadata']['name']}", patch)
-        try:
-            plane.admin.delete(f"/api/v1/namespaces/{NS}/configmaps/{STATE_CM}")
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
-
-    reset()
+    forget_remediation(plane, namespace=NS, state_configmap=STATE_CM)
     yield
-    reset()
+    forget_remediation(plane, namespace=NS, state_configmap=STATE_CM)
 
 
 def cluster_for(
