@@ -284,7 +284,9 @@ async def requests_per_delivery(plane: ControlPlane, token: str) -> bool:
     try:
         assert await cluster.start_cache(wait_seconds=120), "the node cache did not sync"
         await engine.start()
-        rows.append(("start (node cache, gate state read)", True, 0, count(await audit.settle())))
+        rows.append(
+            ("start (node cache, gate state read)", True, 0, {**count(await audit.settle()), "doc": 0})
+        )
         hundred = [alert_doc(i) for i in range(100, 200)]
         two = [alert_doc(0), alert_doc(1)]
         episode = alert_doc(0, starts="2025-11-22T20:30:00.000Z")
@@ -307,14 +309,16 @@ async def requests_per_delivery(plane: ControlPlane, token: str) -> bool:
         ]
         for label, new, step in steps:
             plans = await step()
-            rows.append((label, new, len(taken(plans)), count(await audit.settle())))
+            made = count(await audit.settle())
+            made["doc"] = len(json.dumps(engine.state.to_document(), separators=(",", ":")))
+            rows.append((label, new, len(taken(plans)), made))
         cache = (cluster.nodes.lists, cluster.nodes.watches)
     finally:
         await cluster.close()
     print(f"Part 1: API requests per delivery, {NODES} nodes, enforce (as {USER})")
     print(
         f"{'delivery':38} {'actions':>7} {'LIST':>4} {'GET':>4} {'writes':>6} {'node':>4}"
-        f" {'Event':>5} {'state':>5}  {'writes/action':>13} {'w/o Events':>10}"
+        f" {'Event':>5} {'state':>5} {'doc KB':>6}  {'writes/action':>13} {'w/o Events':>10}"
     )
     lists = worst = worst_events = 0.0
     quiet_writes = 0
@@ -322,7 +326,8 @@ async def requests_per_delivery(plane: ControlPlane, token: str) -> bool:
         plain = c["writes"] - c["event"]
         print(
             f"{label:38} {actions:7d} {c['list']:4d} {c['get']:4d} {c['writes']:6d}"
-            f" {c['node']:4d} {c['event']:5d} {c['state']:5d}  {_ratio(c['writes'], actions):>13}"
+            f" {c['node']:4d} {c['event']:5d} {c['state']:5d} {c['doc'] / 1024:6.1f}"
+            f"  {_ratio(c['writes'], actions):>13}"
             f" {_ratio(plain, actions):>10}"
         )
         if label.startswith("start"):
@@ -365,6 +370,7 @@ class Sample:
     taken: int
     deferred: int
     requests: dict[str, Any]
+    doc: int
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -413,6 +419,7 @@ async def one_decision(
         taken=sum(1 for r in records if r.outcome in ("done", "started", "planned")),
         deferred=sum(1 for r in records if r.outcome == "deferred"),
         requests=count(await audit.settle()),
+        doc=len(json.dumps(engine.state.to_document(), separators=(",", ":"))),
     )
 
 
@@ -444,7 +451,8 @@ async def decision_latency(plane: ControlPlane, token: str, runs: int) -> float:
                     f" {max(times):6.2f}  {last.decisions} decisions, {last.taken} taken, "
                     f"{last.deferred} deferred; {last.requests['list']} LIST, {last.requests['get']} GET, "
                     f"{last.requests['writes']} writes ({last.requests['node']} node, "
-                    f"{last.requests['event']} Event, {last.requests['state']} state)"
+                    f"{last.requests['event']} Event, {last.requests['state']} state); "
+                    f"gate-state document {last.doc / 1024:.0f} KB"
                 )
                 print("    runs: " + ", ".join(f"{t:.2f}" for t in times))
                 if last.requests["writes"] == 0:
@@ -458,10 +466,56 @@ async def decision_latency(plane: ControlPlane, token: str, runs: int) -> float:
     return worst_quiet
 
 
+# -- part 3: one alert per delivery ---------------------------------------------------------------------
+
+
+async def small_deliveries(plane: ControlPlane, token: str, count_: int) -> float:
+    """Alertmanager's shipped routing groups by node: a storm is many one-node deliveries, each paying
+    what a delivery costs whatever its size (reading every node for the budget and the breaker,
+    writing the gate state)."""
+    cluster = executor(plane, token)
+    engine = Engine(
+        policy=BUDGET_ONLY, cluster=cluster, aws=RecordingAws(), settings=EngineSettings(), clock=time.time
+    )
+    audit = AuditTail(plane.workdir / "audit.log")
+    print(f"\nPart 3: one alert per delivery (the shipped routing groups by node), {NODES} nodes, enforce")
+    results = []
+    try:
+        assert await cluster.start_cache(wait_seconds=120), "the node cache did not sync"
+        await engine.start()
+        audit.skip()
+        kinds = [
+            ("a new fault on a node of its own", [[alert_doc(i)] for i in range(count_)]),
+            ("a resend of one of them", [[alert_doc(i % count_)] for i in range(count_)]),
+        ]
+        for label, bodies in kinds:
+            times = []
+            with quiet():
+                for alerts in bodies:
+                    body = webhook(alerts)
+                    started = time.perf_counter()
+                    await engine.handle(parse_body(body))
+                    times.append(time.perf_counter() - started)
+            made = count(await audit.settle())
+            results.append((label, times, made))
+    finally:
+        await cluster.close()
+    print(f"{'delivery':34} {'n':>4} {'p50 ms':>7} {'p95 ms':>7} {'max ms':>7}  requests per delivery")
+    for label, times, made in results:
+        n = len(times)
+        print(
+            f"{label:34} {n:4d} {statistics.median(times) * 1000:7.1f} {_pct(times, 0.95) * 1000:7.1f}"
+            f" {max(times) * 1000:7.1f}  {made['get'] / n:.1f} GET, {made['writes'] / n:.1f} writes"
+            f" ({made['node'] / n:.1f} node, {made['event'] / n:.1f} Event, {made['state'] / n:.1f} state)"
+        )
+    return statistics.median(results[-1][1])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="runs per latency configuration")
-    parser.add_argument("--skip-latency", action="store_true", help="part 1 only")
+    parser.add_argument("--small", type=int, default=100, help="one-alert deliveries in part 3")
+    parser.add_argument("--parts", default="123", help="which parts to run, e.g. 13")
     args = parser.parse_args()
     reason = control_plane_skip_reason()
     if reason:
@@ -474,10 +528,16 @@ def main() -> int:
             populate(plane, workdir)
             token = plane.service_account_token(NS, SA)
             print(f"control plane with {NODES} nodes up in {time.monotonic() - t0:.0f} s")
-            ok = asyncio.run(requests_per_delivery(plane, token))
-            if not args.skip_latency:
-                reset(plane, {node_name(i) for i in range(NODES)})
+            everything = {node_name(i) for i in range(NODES)}
+            ok = True
+            if "1" in args.parts:
+                ok = asyncio.run(requests_per_delivery(plane, token))
+            if "2" in args.parts:
+                reset(plane, everything)
                 asyncio.run(decision_latency(plane, token, args.runs))
+            if "3" in args.parts:
+                reset(plane, everything)
+                asyncio.run(small_deliveries(plane, token, args.small))
     return 0 if ok else 1
 
 

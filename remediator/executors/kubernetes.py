@@ -550,11 +550,10 @@ class KubernetesCluster:
                 return items, str(meta.get("resourceVersion", ""))
 
     async def list_nodes(self) -> list[Node]:
-        if self.nodes.synced:
-            objs = self.nodes.objects()
-        else:
-            objs = await self._list_all("list nodes", self._core.list_node_without_preload_content)
         try:
+            if self.nodes.synced:
+                return self.nodes.converted(node_from_object)
+            objs = await self._list_all("list nodes", self._core.list_node_without_preload_content)
             return [node_from_object(o) for o in objs]
         except ObjectFormatError as exc:
             raise BackendUnavailable(f"a node has an unexpected shape: {exc}") from exc

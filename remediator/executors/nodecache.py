@@ -5,7 +5,10 @@ from that version keeps the copy current (ADDED, MODIFIED, DELETED; BOOKMARKs mo
 A watch that ends is started again from the last version; `410 Gone` (the version was compacted
 away) means LIST again. Until the first LIST completed `synced` is False and the executor reads the
 API directly. Writes made by this service are put into the cache at once from the API's answer
-(`observe`), so a decision right after a write never sees the node as it was before it.
+(`observe`), so a decision right after a write never sees the node as it was before it. Every
+delivery reads every node (the budget and the breaker count them): `converted` turns each version of
+a node into the executor's model once, not once per delivery (about 25 µs a node: 50 ms per delivery
+at 2,000 nodes otherwise).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes.aio import client as k8s
 from kubernetes.aio import watch as k8s_watch
@@ -21,6 +24,7 @@ from kubernetes.aio import watch as k8s_watch
 logger = logging.getLogger("remediator.nodecache")
 
 ListPage = Callable[[], Awaitable[tuple[list[dict[str, Any]], str]]]
+T = TypeVar("T")
 
 
 def _newer(a: Mapping[str, Any], b: Mapping[str, Any] | None) -> bool:
@@ -51,6 +55,8 @@ class NodeCache:
         self._watch_seconds = watch_seconds
         self._retry_seconds = retry_seconds
         self._objects: dict[str, dict[str, Any]] = {}
+        self._converted: dict[str, tuple[dict[str, Any], Any]] = {}  # name -> (object, converted)
+        self._convert: Callable[[dict[str, Any]], Any] | None = None
         self._version = ""
         self._synced = asyncio.Event()
         self.lists = 0
@@ -77,6 +83,22 @@ class NodeCache:
 
     def objects(self) -> list[dict[str, Any]]:
         return list(self._objects.values())
+
+    def converted(self, convert: Callable[[dict[str, Any]], T]) -> list[T]:
+        """Every node through `convert`, called once per version of each node (a cached object is
+        replaced, never changed in place, when the node changes). Conversions of nodes gone or
+        changed since are dropped."""
+        if convert is not self._convert:
+            self._converted, self._convert = {}, convert
+        kept: dict[str, tuple[dict[str, Any], Any]] = {}
+        out: list[T] = []
+        for name, obj in self._objects.items():
+            hit = self._converted.get(name)
+            value = hit[1] if hit is not None and hit[0] is obj else convert(obj)
+            kept[name] = (obj, value)
+            out.append(value)
+        self._converted = kept
+        return out
 
     def observe(self, obj: Mapping[str, Any]) -> None:
         """A node as the API just answered a write or a read: newer than what is cached, or ignored."""
