@@ -18,11 +18,14 @@ snapshot backend (`--cluster snapshot`). Every 2 s (a tick):
 
 The policy is the shipped default's shape (condition, then cordon or taint; budget 2; Events for
 everything) with reversal on resolve, a rate limit, a 60 s breaker cooldown and a 120 s alert expiry,
-so that every gate keeps state. Every 30 s the process's resident memory (RSS), the Python heap traced
-by tracemalloc and the sizes of the engine's bookkeeping are sampled. Printed: the series, the growth
-between minute 2 (after the warm-up: caches, the decision log and the first storm surge filled) and
-the end, and the allocation sites that grew most in that time. Target: RSS growth from minute 2 to the
-end <= 5 % and <= 8 MiB, with every bookkeeping size bounded by what fires now.
+so that every gate keeps state. Every 30 s the process's resident memory (RSS), the sizes of the
+engine's bookkeeping, the gate-state documents written so far (count and MiB) and, on the real API
+server, the size of etcd's database are sampled (with `--tracemalloc`, also the Python heap traced,
+and the allocation sites that grew most since minute 2 are listed; RSS then includes tracemalloc's own
+cost). Printed: the series and the growth between minute 2 (after the warm-up: caches and the decision
+log full, a whole surge seen) and the end. Target: RSS growth from minute 2 to the end <= 5 % and
+<= 8 MiB, every bookkeeping size bounded by what fires now (or by its own cap). A storm the backend
+cannot take (the API server failing) stops early and is reported as missing the target.
 
 Other work on the machine slows the ticks down (they are reported); memory does not depend on it.
 """
@@ -41,7 +44,9 @@ import sys
 import tempfile
 import time
 import tracemalloc
+import urllib.request
 from collections import Counter
+from collections.abc import Mapping
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,17 +55,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the control-plane harness lives in tests/kube
 
-from bench_reconcile_api import NODES, NS, SA, executor, node_name, populate  # noqa: E402  same harness
+from bench_reconcile_api import NODES, NS, SA, connection, node_name, populate  # noqa: E402  same harness
 
 from remediator.alertmanager import AlertmanagerView, ShownAlert  # noqa: E402  after sys.path
-from remediator.cluster import Cluster, Node  # noqa: E402  after sys.path
+from remediator.cluster import BackendUnavailable, Cluster, Node  # noqa: E402  after sys.path
 from remediator.engine import Engine, EngineSettings  # noqa: E402  after sys.path
 from remediator.executors.kubernetes import KubernetesCluster  # noqa: E402  after sys.path
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster  # noqa: E402  after sys.path
 from remediator.payload import parse_body  # noqa: E402  after sys.path
 from remediator.policy import parse_policy  # noqa: E402  after sys.path
 from tests.kube.conftest import control_plane_skip_reason  # noqa: E402  after sys.path
-from tests.kube.controlplane import control_plane  # noqa: E402  after sys.path
+from tests.kube.controlplane import ControlPlane, control_plane  # noqa: E402  after sys.path
 
 GPUS = 8
 TICK = 2.0
@@ -249,6 +254,50 @@ def level_at(elapsed: float) -> int:
     return int(share * NODES * 1.2)  # 1.2 alerts per faulty node
 
 
+# -- the clusters, their gate-state writes counted ---------------------------------------------------------
+
+
+def _size(document: Mapping[str, Any]) -> int:
+    return len(json.dumps(document, separators=(",", ":"), sort_keys=True))
+
+
+class CountedKube(KubernetesCluster):
+    """The Kubernetes executor, counting the gate-state documents it writes."""
+
+    state_writes = 0
+    state_bytes = 0
+
+    async def save_gate_state(self, document: Mapping[str, Any]) -> None:
+        await super().save_gate_state(document)
+        self.state_writes += 1
+        self.state_bytes += _size(document)
+
+
+class CountedSnapshot(SnapshotCluster):
+    """The in-memory backend, counting the gate-state documents it writes."""
+
+    state_writes = 0
+    state_bytes = 0
+
+    async def save_gate_state(self, document: Mapping[str, Any]) -> None:
+        await super().save_gate_state(document)
+        self.state_writes += 1
+        self.state_bytes += _size(document)
+
+
+def etcd_mib(plane: ControlPlane) -> float:
+    """etcd's database file size (what its 2 GiB quota is counted against), from its /metrics."""
+    etcd = next(p for p in plane.processes if p.name == "etcd")
+    args = etcd.popen.args
+    assert isinstance(args, list)  # the harness starts every process from a list of arguments
+    url = next(a.split("=", 1)[1] for a in map(str, args) if a.startswith("--listen-client-urls="))
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:  # noqa: S310  loopback http
+        for line in resp.read().decode().splitlines():
+            if line.startswith("etcd_mvcc_db_total_size_in_bytes "):
+                return float(line.split()[1]) / 2**20
+    return float("nan")
+
+
 # -- measuring -------------------------------------------------------------------------------------
 
 
@@ -277,6 +326,9 @@ def sizes(engine: Engine, cluster: Cluster) -> dict[str, int]:
     if isinstance(cluster, KubernetesCluster):
         out["event_keys"] = cluster.event_series
         out["cached_nodes"] = len(cluster.nodes.objects())
+    if isinstance(cluster, CountedKube | CountedSnapshot):
+        out["state_writes"] = cluster.state_writes
+        out["state_MiB"] = cluster.state_bytes // 2**20
     return out
 
 
@@ -317,6 +369,9 @@ class Run:
     api: bool
     trace: Path | None
     """Where the minute-2 tracemalloc snapshot goes (on disk, so that holding it costs no memory)."""
+    plane: ControlPlane | None = None
+    failure: str = ""
+    """Why the storm stopped early (the backend failed), if it did."""
     samples: list[Sample] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
     ticks: int = 0
@@ -348,9 +403,10 @@ class Run:
     def sample(self, elapsed: float) -> None:
         gc.collect()
         traced = tracemalloc.get_traced_memory()[0] / 2**20 if self.trace else float("nan")
-        sample = Sample(
-            elapsed / 60, rss_mib(), traced, sizes(self.engine, self.cluster), self.ticks, self.deliveries
-        )
+        counts = sizes(self.engine, self.cluster)
+        if self.plane is not None:
+            counts["etcd_MiB"] = round(etcd_mib(self.plane))
+        sample = Sample(elapsed / 60, rss_mib(), traced, counts, self.ticks, self.deliveries)
         self.samples.append(sample)
         print_sample(sample, first=len(self.samples) == 1)
         if self.trace and not self.traced_at_2 and elapsed >= BASELINE - 1:
@@ -367,10 +423,15 @@ class Run:
                 next_sample += SAMPLE
                 if now >= end:
                     return
-            await self.tick(now, now - t0)
-            if self.api and now >= next_view:
-                await self.read_api(now)
-                next_view += SAMPLE
+            try:
+                await self.tick(now, now - t0)
+                if self.api and now >= next_view:
+                    await self.read_api(now)
+                    next_view += SAMPLE
+            except BackendUnavailable as exc:
+                self.failure = f"at minute {(time.time() - t0) / 60:.1f}: {exc}"
+                self.sample(time.time() - t0)
+                return
             spent = time.time() - now
             self.late_ticks += spent > TICK
             await asyncio.sleep(max(0.0, TICK - spent))
@@ -414,7 +475,19 @@ def top_growth(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, limit:
     return out
 
 
-COLUMNS = ("decided", "pending", "log", "held", "firing", "suppressed", "budget", "event_keys")
+COLUMNS = (
+    "decided",
+    "pending",
+    "log",
+    "held",
+    "firing",
+    "suppressed",
+    "budget",
+    "event_keys",
+    "state_writes",
+    "state_MiB",
+    "etcd_MiB",
+)
 
 
 def print_sample(s: Sample, *, first: bool) -> None:
@@ -433,6 +506,8 @@ def print_sample(s: Sample, *, first: bool) -> None:
 
 def report(run: Run) -> bool:
     print("storm: " + json.dumps(run.stats()))
+    if run.failure:
+        print(f"STOPPED EARLY: the backend failed {run.failure}")
     samples = run.samples
     base = next((s for s in samples if s.minute >= (BASELINE - 1) / 60), None)
     last = samples[-1]
@@ -454,7 +529,7 @@ def report(run: Run) -> bool:
         print("allocation sites that grew most since minute 2 (tracemalloc):")
         for line in growth:
             print("  " + line)
-    ok = share <= 5 and grew <= 8
+    ok = share <= 5 and grew <= 8 and not run.failure
     print("target: RSS growth <= 5 % and <= 8 MiB from minute 2 to the end: " + ("met" if ok else "MISSED"))
     return ok
 
@@ -462,25 +537,26 @@ def report(run: Run) -> bool:
 # -- clusters ----------------------------------------------------------------------------------------
 
 
-def snapshot_cluster() -> SnapshotCluster:
+def snapshot_cluster() -> CountedSnapshot:
     nodes = [
         Node(name=node_name(i), labels={"pool": "gpu"}, accelerators=("nvidia.com/gpu",))
         for i in range(NODES)
     ]
-    return SnapshotCluster(nodes=nodes, pods=[], pdbs=[], source=f"<synthetic {NODES} nodes>")
+    return CountedSnapshot(nodes=nodes, pods=[], pdbs=[], source=f"<synthetic {NODES} nodes>")
 
 
-async def kube_cluster(stack: AsyncExitStack, sync: ExitStack) -> KubernetesCluster:
+async def kube_cluster(stack: AsyncExitStack, sync: ExitStack) -> tuple[CountedKube, ControlPlane]:
     """The 2,000-node real API server of bench_reconcile_api, and the executor over it."""
     workdir = Path(sync.enter_context(tempfile.TemporaryDirectory(prefix="accel-health-bench-")))
     t0 = time.monotonic()
     plane = sync.enter_context(control_plane(workdir / "control-plane"))
     await asyncio.to_thread(populate, plane, workdir)
-    kube = executor(plane, plane.service_account_token(NS, SA))
+    api, settings = connection(plane, plane.service_account_token(NS, SA))
+    kube = CountedKube(api=api, settings=settings)
     stack.push_async_callback(kube.close)
     assert await kube.start_cache(wait_seconds=120), "the node cache did not sync"
     print(f"real API server with {NODES} nodes up in {time.monotonic() - t0:.0f} s")
-    return kube
+    return kube, plane
 
 
 async def run(args: argparse.Namespace) -> bool:
@@ -491,8 +567,12 @@ async def run(args: argparse.Namespace) -> bool:
         tracemalloc.start(1)
     with ExitStack() as sync, tempfile.TemporaryDirectory(prefix="accel-health-trace-") as tmp:
         async with AsyncExitStack() as stack:
-            cluster: Cluster
-            cluster = await kube_cluster(stack, sync) if args.cluster == "kube" else snapshot_cluster()
+            cluster: CountedKube | CountedSnapshot
+            plane = None
+            if args.cluster == "kube":
+                cluster, plane = await kube_cluster(stack, sync)
+            else:
+                cluster = snapshot_cluster()
             print(
                 f"storm for {args.minutes:g} min on {NODES} nodes ({args.cluster}), a tick every {TICK:g} s, "
                 f"a sample every {SAMPLE:g} s"
@@ -504,7 +584,8 @@ async def run(args: argparse.Namespace) -> bool:
             )
             await engine.start()
             trace = Path(tmp) / "minute2.trace" if args.tracemalloc else None
-            play = Run(engine, cluster, Storm(rng=random.Random(args.seed)), api=args.api, trace=trace)
+            weather = Storm(rng=random.Random(args.seed))
+            play = Run(engine, cluster, weather, api=args.api, trace=trace, plane=plane)
             await play.play(args.minutes)
             ok = report(play)
     if counter.counts:
