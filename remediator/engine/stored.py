@@ -1,0 +1,84 @@
+"""Alerts as documents (the drains kept in the gate state) and the deliveries the engine makes up
+itself: what Alertmanager's API shows, a resolve of an alert no longer shown, a resumed drain."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from remediator.payload import Alert, PayloadError, WebhookPayload, parse_payload
+from remediator.state import StateError
+
+
+def alert_document(alert: Alert) -> dict[str, Any]:
+    """An alert as Alertmanager's webhook sends it (what `parse_payload` reads back)."""
+    return {
+        "status": alert.status,
+        "labels": dict(alert.labels),
+        "annotations": dict(alert.annotations),
+        "startsAt": alert.starts_at,
+        "endsAt": alert.ends_at,
+        "generatorURL": alert.generator_url,
+        "fingerprint": alert.fingerprint,
+    }
+
+
+def running_drains(section: Any) -> dict[str, list[Alert]]:
+    """The stored `drains` section: node -> the alerts its drain was started for."""
+    if not isinstance(section, Mapping):
+        raise StateError("drains: expected a mapping")
+    drains: dict[str, list[Alert]] = {}
+    for node, alerts in section.items():
+        try:
+            payload = parse_payload({"version": "4", "status": "firing", "alerts": alerts})
+        except PayloadError as exc:
+            raise StateError(f"drains.{node}: {exc}") from exc
+        if payload.alerts:
+            drains[str(node)] = list(payload.alerts)
+    return drains
+
+
+def resume_payload(alerts: list[Alert]) -> WebhookPayload:
+    return WebhookPayload(
+        version="4",
+        group_key="accel-health/resume",
+        truncated_alerts=0,
+        status="firing",
+        receiver="accel-health-remediator",
+        group_labels={},
+        common_labels={},
+        common_annotations={},
+        external_url="",
+        alerts=tuple(alerts),
+    )
+
+
+def api_payload(alerts: list[Alert]) -> WebhookPayload:
+    """What Alertmanager's API shows, as one delivery."""
+    return WebhookPayload(
+        version="4",
+        group_key="alertmanager-api",
+        truncated_alerts=0,
+        status="firing" if any(a.status == "firing" for a in alerts) else "resolved",
+        receiver="",
+        group_labels={},
+        common_labels={},
+        common_annotations={},
+        external_url="",
+        alerts=tuple(alerts),
+    )
+
+
+def resolved_alert(fingerprint: str, labels: Mapping[str, str], starts_at: str, now: float) -> Alert:
+    """The resolve of an alert no Alertmanager shows any more."""
+    ends = datetime.fromtimestamp(now, tz=UTC).isoformat().replace("+00:00", "Z")
+    return Alert(
+        status="resolved",
+        labels=labels,
+        annotations={},
+        starts_at=starts_at,
+        ends_at=ends,
+        generator_url="",
+        fingerprint=fingerprint,
+    )
