@@ -56,8 +56,9 @@ class EngineBase(ABC):
         self._dirty = False
         self._store = StateStore(cluster=cluster, settings=policy.safety, clock=clock)
         self._eligible: set[str] | None = None  # eligible nodes, as last observed
-        self._held: dict[str, dict[tuple[Any, ...], tuple[Alert, Rule]]] = {}
-        # node -> reversals of resolved alerts held back by other causes still firing
+        self._held: dict[str, dict[tuple[str, str, bool], tuple[Alert, Rule]]] = {}
+        # node -> (fingerprint, startsAt, dry-run) -> a resolved alert whose reversals are held back
+        # by other causes still firing (kept in the gate state, so a new leader releases them)
         self._reconciled = False  # budget reconciled during the current delivery
         self._drains: dict[str, RunningDrain] = {}
         self._resume: dict[str, list[Alert]] = {}  # drains a previous leader left running

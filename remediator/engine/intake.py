@@ -68,16 +68,15 @@ class Intake(Pipeline):
         is released now (the last cause resolved, or expired without a delivery)."""
         for name in sorted(nodes & set(self._held)):
             held = self._held.pop(name)
+            self._dirty = self._dirty or any(not dry for _, _, dry in held)
             node = await self._cluster.get_node(name)
-            for key, (alert, rule) in held.items():
-                if key in self.state.decided:
-                    continue
-                ctx = Context(
+            for (_, _, dry_run), (alert, rule) in held.items():
+                ctx = Context(  # the actions already decided are skipped (idempotency keys)
                     alert=alert,
                     node_name=name,
                     node=node,
                     rule=rule,
-                    dry_run=key[-1],
+                    dry_run=dry_run,
                     protected=protected_reason(node, self.policy.safety) if node is not None else None,
                 )
                 await self._run_actions(ctx, rule.on_resolved, [])

@@ -175,7 +175,10 @@ class Pipeline(Drains):
             }
             if result.outcome == "deferred":
                 if result.gate == "hold":
-                    self._held.setdefault(node_name, {})[key] = (alert, rule)
+                    held = self._held.setdefault(node_name, {})
+                    if (alert.fingerprint, alert.starts_at, dry_run) not in held:
+                        held[(alert.fingerprint, alert.starts_at, dry_run)] = (alert, rule)
+                        self._dirty = self._dirty or not dry_run
                 rec = self._defer(key, alert, fields)
                 if rec is not None:
                     records.append(rec)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from remediator.engine.base import EngineBase
-from remediator.engine.stored import alert_document, running_drains
+from remediator.engine.stored import alert_document, held_reversals, running_drains
 from remediator.state import GateState, StateError
 
 logger = logging.getLogger("remediator.decisions")
@@ -46,6 +46,15 @@ class StateSync(EngineBase):
                     "stored drains unusable (%s); the next delivery of their alerts resumes them", exc
                 )
                 self._resume = {}
+            try:
+                stored = held_reversals(self.state.held, self.policy)
+            except StateError as exc:
+                logger.error("stored held reversals unusable (%s); they stay held until a human acts", exc)
+                stored = {}
+            self._held = {
+                node: {(a.fingerprint, a.starts_at, False): (a, rule) for a, rule in items}
+                for node, items in stored.items()
+            }
 
     async def _save(self) -> None:
         if not self._dirty or self.settings.dry_run:
@@ -56,6 +65,16 @@ class StateSync(EngineBase):
             node: [alert_document(w.alert) for w in running.waiters.values() if w.resolved is None]
             for node, running in self._drains.items()
             if not running.ended
+        }
+        # The reversals held back by other causes: a new leader releases them when none is left.
+        self.state.held = {
+            node: [
+                {"rule": rule.name, "alert": alert_document(alert)}
+                for (_, _, dry), (alert, rule) in held.items()
+                if not dry
+            ]
+            for node, held in self._held.items()
+            if any(not dry for _, _, dry in held)
         }
         self.state = await self._store.save(self.state)
         self._dirty = False

@@ -3,12 +3,16 @@ itself: what Alertmanager's API shows, a resolve of an alert no longer shown, a 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from remediator.payload import Alert, PayloadError, WebhookPayload, parse_payload
+from remediator.policy import Policy, Rule
 from remediator.state import StateError
+
+logger = logging.getLogger("remediator.decisions")
 
 
 def alert_document(alert: Alert) -> dict[str, Any]:
@@ -82,3 +86,22 @@ def resolved_alert(fingerprint: str, labels: Mapping[str, str], starts_at: str, 
         generator_url="",
         fingerprint=fingerprint,
     )
+
+
+def held_reversals(section: Mapping[str, Any], policy: Policy) -> dict[str, list[tuple[Alert, Rule]]]:
+    """The stored `held` section: node -> (resolved alert, its rule) whose reversals wait. An entry
+    whose rule is no longer in the policy is dropped (logged): nothing would say what to reverse."""
+    rules = {rule.name: rule for rule in policy.rules}
+    held: dict[str, list[tuple[Alert, Rule]]] = {}
+    for node, items in section.items():
+        for item in items:
+            rule = rules.get(str(item.get("rule", "")))
+            try:
+                payload = parse_payload({"version": "4", "status": "resolved", "alerts": [item["alert"]]})
+            except PayloadError as exc:
+                raise StateError(f"held.{node}: {exc}") from exc
+            if rule is None:
+                logger.warning("%s: held reversal of rule %r dropped: no such rule", node, item.get("rule"))
+                continue
+            held.setdefault(str(node), []).extend((alert, rule) for alert in payload.alerts)
+    return held
