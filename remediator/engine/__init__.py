@@ -1,9 +1,10 @@
 """The decision engine: alerts in, decision records out, actions through the Cluster/Aws seams.
 
 A delivery is handled in two passes. First every alert is observed: the node it names (label
-configurable) and the first matching policy rule; firing alerts that would act feed the storm breaker,
-resolved ones leave it, and the breaker is evaluated against the eligible nodes. Then each alert's
-actions run in order (`on_resolved` ones when the alert resolved), each through, in this order:
+configurable) and the first matching policy rule (a rule's node selector looks at that node's labels
+as observed; a resolve keeps the rule its alert fired under); firing alerts that would act feed the
+storm breaker, resolved ones leave it, and the breaker is evaluated against the eligible nodes. Then
+each alert's actions run in order (`on_resolved` ones when the alert resolved), each through, in this order:
 
 1. idempotency: (fingerprint, startsAt, status, action, dry-run) already decided -> nothing new;
 2. protected nodes (control plane, opt-out label) and nodes that do not exist -> skipped;

@@ -22,7 +22,7 @@ from remediator.engine.model import (
 )
 from remediator.payload import Alert
 from remediator.policy import Action, Policy, Rule
-from remediator.safety import DisruptionBudget
+from remediator.safety import DisruptionBudget, ScopedBudgets
 from remediator.state import GateState
 from remediator.statestore import StateStore
 
@@ -66,6 +66,8 @@ class EngineBase(ABC):
         self._stopping = False
         self.suppressed: dict[str, str] = {}
         """fingerprint -> why, for alerts Alertmanager last showed silenced or inhibited."""
+        self.scoped = ScopedBudgets({r.name: (r.nodes, r.budget) for r in policy.rules if r.budget})
+        """The rules' own budgets over the nodes their selectors cover (observed with the nodes)."""
 
     @property
     def budget(self) -> DisruptionBudget:

@@ -72,6 +72,7 @@ class Engine(Intake):
             },
             budget_others=dict(st.budget.others),
             firing=st.firing.as_json(),
+            rule_budgets=self.scoped.usage(st.budget.holders()),
             rate_limits=st.rate.usage(),
             deferred=deferred,
             drains={name: running.as_json() for name, running in self._drains.items()},

@@ -8,7 +8,7 @@ import logging
 from remediator.cluster import Node
 from remediator.engine.model import ActionResult, Context
 from remediator.engine.state_sync import StateSync
-from remediator.policy import DISRUPTIVE, Action
+from remediator.policy import DISRUPTIVE, Action, Rule
 from remediator.safety import Verdict
 
 logger = logging.getLogger("remediator.decisions")
@@ -24,12 +24,19 @@ class Gates(StateSync):
         if rate and not verdict.allowed:
             return ActionResult("deferred", verdict.reason, gate=verdict.gate)
         if kind in DISRUPTIVE:
-            verdict = self.state.budget.check(node)
+            verdict = self._budget_verdict(ctx.rule, node)
             if not verdict.allowed and await self._reconcile_budget():
-                verdict = self.state.budget.check(node)
+                verdict = self._budget_verdict(ctx.rule, node)
             if not verdict.allowed:
                 return ActionResult("deferred", verdict.reason, gate=verdict.gate)
         return None
+
+    def _budget_verdict(self, rule: Rule, node: str) -> Verdict:
+        """The global budget, then the rule's own (the first that refuses answers)."""
+        verdict = self.state.budget.check(node)
+        if not verdict.allowed:
+            return verdict
+        return self.scoped.check(rule.name, node, self.state.budget.holders())
 
     def _commit(self, ctx: Context, kind: str, node: str, *, rate: bool = True) -> None:
         if not self._counts(ctx):

@@ -8,6 +8,7 @@ from remediator.engine.model import AlertPlan, Context, Observed
 from remediator.engine.pipeline import Pipeline
 from remediator.engine.stored import api_payload, resolved_alert
 from remediator.payload import Alert, WebhookPayload
+from remediator.policy import Selection
 from remediator.safety import eligible, protected_reason
 
 
@@ -58,7 +59,9 @@ class Intake(Pipeline):
                     orphans.add(node)
             if orphans:
                 await self._release_held(orphans)
-        plans = [self._suppressed_plan(a) for a in quiet]
+        plans = [
+            self._suppressed_plan(a, (await self._select(a, a.labels.get(label, ""))).rule) for a in quiet
+        ]
         if active or resolved:
             plans += await self.handle(api_payload([*active, *resolved]))
         return plans
@@ -90,8 +93,11 @@ class Intake(Pipeline):
         firing = self.state.firing
         for alert in payload.alerts:
             node_name = alert.labels.get(label, "")
-            rule = self._rule_for(alert) if node_name else None
-            observed.append(Observed(alert=alert, node_name=node_name, rule=rule))
+            chosen = await self._select(alert, node_name) if node_name else Selection(None)
+            rule = chosen.rule
+            observed.append(
+                Observed(alert=alert, node_name=node_name, rule=rule, passed_over=chosen.passed_over)
+            )
             if not node_name:
                 continue
             if alert.status == "resolved":
@@ -119,6 +125,7 @@ class Intake(Pipeline):
         safety = self.policy.safety
         self._eligible = {n.name for n in nodes if eligible(n, safety)}
         self.state.budget.observe(nodes, safety)
+        self.scoped.observe(nodes, safety)
         self.state.breaker.evaluate(eligible=len(self._eligible))
 
     def _alerting_nodes(self) -> int | None:

@@ -112,6 +112,8 @@ class GateStatus:
     """Eligible nodes out of service for other reasons (node -> unschedulable or NotReady)."""
     firing: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Node -> fingerprint -> the alert firing now (the desired state)."""
+    rule_budgets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Rule -> its own budget in use now (selector, limits, nodes covered, in use, capacity)."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -129,6 +131,7 @@ class GateStatus:
                 "capacity": self.budget_capacity,
                 "holders": {k: dict(v) for k, v in self.budget_holders.items()},
                 "others": dict(self.budget_others),
+                "rules": {k: dict(v) for k, v in self.rule_budgets.items()},
             },
             "firing": {k: dict(v) for k, v in self.firing.items()},
             "rate_limits": dict(self.rate_limits),
@@ -156,6 +159,7 @@ class Observed:
     alert: Alert
     node_name: str
     rule: Rule | None
+    passed_over: tuple[str, ...] = ()  # rules passed over for their node selector, and why
 
 
 @dataclass

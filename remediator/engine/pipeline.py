@@ -23,6 +23,7 @@ from remediator.policy import (
     RecordEvent,
     RemoveTaint,
     Rule,
+    Selection,
     SetCondition,
     Uncordon,
 )
@@ -34,14 +35,23 @@ logger = logging.getLogger("remediator.decisions")
 class Pipeline(Drains):
     """Decides one alert's actions."""
 
-    def _rule_for(self, alert: Alert) -> Rule | None:
-        return self.policy.first_match(alert.labels)
+    async def _select(self, alert: Alert, node_name: str) -> Selection:
+        """The rule for an alert on `node_name`: a resolve gets the rule its alert fired under (the
+        node may be gone or relabelled since); node selectors look at the node as observed."""
+        if alert.status == "resolved":
+            fired = [c for c in self.state.firing.causes(node_name) if c.fingerprint == alert.fingerprint]
+            rule = self.policy.rule(fired[0].rule) if fired else None
+            if rule is not None and rule.matches(alert.labels):
+                return Selection(rule)
+        if not node_name or not self.policy.selects_nodes:
+            return Selection(self.policy.first_match(alert.labels))
+        node = await self._cluster.get_node(node_name)
+        return self.policy.select(alert.labels, node, node_name=node_name)
 
-    def _suppressed_plan(self, alert: Alert) -> AlertPlan:
+    def _suppressed_plan(self, alert: Alert, rule: Rule | None) -> AlertPlan:
         """A silenced or inhibited alert: recorded once, nothing done, nothing undone."""
         node = alert.labels.get(self.settings.node_label) or None
         why = self.suppressed.get(alert.fingerprint, "suppressed in Alertmanager")
-        rule = self._rule_for(alert)
         rec = self._ignore(
             alert, node=node, rule=rule, reason=f"{why}: no action, and what it holds stays held"
         )
@@ -88,12 +98,18 @@ class Pipeline(Drains):
             )
             return AlertPlan(alert, None, None, (f"no {label!r} label",), (rec,) if rec else ())
         if rule is None:
-            rec = self._ignore(alert, node=node_name, rule=None, reason="no policy rule matches this alert")
+            why = "; ".join(("no policy rule matches this alert", *item.passed_over))
+            rec = self._ignore(alert, node=node_name, rule=None, reason=why)
             return AlertPlan(
-                alert, node_name, None, ("no rule matched",), (*dropped, *([rec] if rec else []))
+                alert,
+                node_name,
+                None,
+                ("no rule matched", *item.passed_over),
+                (*dropped, *([rec] if rec else [])),
             )
-        notes: list[str] = []
+        notes: list[str] = list(item.passed_over)
         matched = ", ".join(str(m) for m in rule.matchers) or "(matches every alert)"
+        matched += f"; nodes {rule.nodes}" if rule.nodes is not None else ""
         notes.append(f"rule {rule.name!r} (rules[{rule.index}]) matched: {matched}")
         actions = rule.on_resolved if resolved else rule.actions
         if not actions:
@@ -107,7 +123,7 @@ class Pipeline(Drains):
         if resolved:
             notes.append("alert resolved: only on_resolved actions (never destructive) run")
         elif alert.fingerprint in self.suppressed:
-            return self._suppressed_plan(alert)
+            return self._suppressed_plan(alert, rule)
         node = await self._cluster.get_node(node_name)
         protected = protected_reason(node, self.policy.safety) if node is not None else None
         notes.append(f"protected-node check: {protected or ('node not found' if node is None else 'passed')}")
@@ -130,6 +146,11 @@ class Pipeline(Drains):
             f"budget: {self.state.budget.in_use} of {self.state.budget.capacity} nodes disrupted by "
             "accel-health"
         )
+        if rule.name in self.scoped:
+            usage = self.scoped.usage(self.state.budget.holders())[rule.name]
+            notes.append(
+                f"rule {rule.name!r} budget: {usage['in_use']} of {usage['capacity']} nodes disrupted"
+            )
         return AlertPlan(alert, node_name, rule, tuple(notes), tuple(records))
 
     async def _run_actions(
