@@ -587,7 +587,7 @@ class ScopedBudgets:
         where = f"nodes {scope.selector}" if scope.selector is not None else "eligible nodes"
         if limits.max_disrupted_percent is not None and cap != limits.max_disrupted_nodes:
             return f"{cap} ({limits.max_disrupted_percent:g}% of {len(scope.covered)} {where}, rounded down)"
-        return f"{cap} of {len(scope.covered)} {where}"
+        return f"{cap} among {len(scope.covered)} {where}"
 
     def check(self, rule: str, node: str, holds: Mapping[str, Hold]) -> Verdict:
         """May `node` be disrupted within `rule`'s budget, given the service's holds now? A rule
