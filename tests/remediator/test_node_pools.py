@@ -2,7 +2,7 @@
 pools treated differently (one drained, one only tainted), a rule's own budget deferring the next node
 of its pool while another pool still acts (the global budget still applying too), a node the engine
 cannot see, a resolve decided under the rule its alert fired under, dry-run counting what a live
-service would have disrupted, and the per-rule budgets in GET /state."""
+service would have disrupted, and the per-rule budgets in GET /state and /metrics."""
 
 from __future__ import annotations
 
@@ -209,3 +209,6 @@ async def test_the_state_shows_each_rules_budget_in_use(aiohttp_client: AiohttpC
             "disrupted": {"p5-0": "held by accel-health (cordon, drain)", "p5-3": "unschedulable"},
         }
     }
+    metrics = await (await client.get("/metrics")).text()
+    assert 'accel_remediator_rule_nodes_disrupted{rule="drain-p5"} 2.0' in metrics
+    assert 'accel_remediator_rule_disruption_budget_nodes{rule="drain-p5"} 3.0' in metrics

@@ -425,3 +425,15 @@ rules:
     assert (
         "rules[3] (d).max_disrupted_nodes: the rule has no disruptive action for a budget to limit" in message
     )
+
+
+def test_the_default_policys_commented_node_pool_example_loads_as_it_reads() -> None:
+    text = (Path(__file__).parents[2] / "remediator" / "default_policy.yaml").read_text(encoding="utf-8")
+    example = text.split("#  - name: drain-p5", 1)[1]
+    rules = "rules:\n  - name: drain-p5" + "".join(line[1:] + "\n" for line in example.splitlines())
+    drain, taint = parse_policy(rules).rules
+    assert drain.nodes == LabelSelector(match_labels={"karpenter.sh/nodepool": "p5"})
+    assert drain.budget == BudgetLimits(max_disrupted_percent=10.0)
+    assert taint.nodes is not None
+    assert taint.nodes.matches({"node.kubernetes.io/instance-type": "g5.48xlarge"})
+    assert [a.type for a in taint.actions] == ["condition", "taint"]
