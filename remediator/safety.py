@@ -563,6 +563,11 @@ class ScopedBudgets:
                 n.name: why for n in mine if n.name in scope.covered and (why := disrupted_reason(n))
             }
 
+    @staticmethod
+    def _in_use(scope: _Scope, holds: Mapping[str, Hold]) -> int:
+        held = sum(1 for n in holds if n in scope.matched and n not in scope.others)
+        return len(scope.others) + held
+
     def _disrupted(self, scope: _Scope, holds: Mapping[str, Hold]) -> dict[str, str]:
         out = dict(scope.others)
         for node, hold in holds.items():
@@ -595,9 +600,8 @@ class ScopedBudgets:
         scope = self._scopes.get(rule)
         if scope is None:
             return Verdict(True, self.name, f"rule {rule!r} has no budget of its own")
-        disrupted = self._disrupted(scope, holds)
-        in_use = len(disrupted)
-        if node in disrupted:
+        in_use = self._in_use(scope, holds)
+        if node in scope.others or (node in holds and node in scope.matched):
             return Verdict(
                 True,
                 self.name,
@@ -609,13 +613,18 @@ class ScopedBudgets:
                 self.name,
                 f"rule {rule!r} budget: {in_use + 1} of {self._limit_text(scope)} after this one",
             )
-        listed = ", ".join(f"{n} {why}" for n, why in sorted(disrupted.items()))
+        listed = ", ".join(f"{n} {why}" for n, why in sorted(self._disrupted(scope, holds).items()))
         return Verdict(
             False,
             self.name,
             f"rule {rule!r} budget exhausted: {in_use} of {self._limit_text(scope)} already out of "
             f"service{f' ({listed})' if listed else ''}; re-evaluated when Alertmanager resends",
         )
+
+    def describe(self, rule: str, holds: Mapping[str, Hold]) -> str:
+        """The rule's budget in use now, in words (for `explain`)."""
+        scope = self._scopes[rule]
+        return f"rule {rule!r} budget: {self._in_use(scope, holds)} of {self._limit_text(scope)} disrupted"
 
     def usage(self, holds: Mapping[str, Hold]) -> dict[str, dict[str, Any]]:
         """Rule -> its budget in use now (GET /state)."""

@@ -147,10 +147,7 @@ class Pipeline(Drains):
             "accel-health"
         )
         if rule.name in self.scoped:
-            usage = self.scoped.usage(self.state.budget.holders())[rule.name]
-            notes.append(
-                f"rule {rule.name!r} budget: {usage['in_use']} of {usage['capacity']} nodes disrupted"
-            )
+            notes.append(self.scoped.describe(rule.name, self.state.budget.holders()))
         return AlertPlan(alert, node_name, rule, tuple(notes), tuple(records))
 
     async def _run_actions(
