@@ -67,7 +67,7 @@ from remediator.cluster import (
     pdb_from_object,
     pod_from_object,
 )
-from remediator.drain import plan_drain
+from remediator.drain import DrainPlan, plan_drain
 from remediator.executors.watchcache import SharedWatch, WatchCache, namespaced_key
 from remediator.state import StateError
 
@@ -1039,20 +1039,8 @@ class KubernetesCluster:
             if obj is None:
                 raise BackendUnavailable(f"drain {node}: node not found")
             pod_objs = pod_cache.objects()
-            try:
-                pods = [pod_from_object(o) for o in pod_objs]
-                pdbs = [pdb_from_object(o) for o in pdb_cache.objects()] if pdb_cache is not None else []
-            except ObjectFormatError as exc:
-                raise BackendUnavailable(
-                    f"a pod on {node} or a budget has an unexpected shape: {exc}"
-                ) from exc
             uids = {_pod_key(o): _uid(o) for o in pod_objs}
-            plan = plan_drain(
-                pods,
-                pdbs,
-                delete_emptydir_data=settings.delete_emptydir_data,
-                force_bare_pods=settings.force_bare_pods,
-            )
+            plan = _plan(node, pod_objs, pdb_cache, settings)
             skipped = tuple(f"{p.namespace}/{p.name}" for p in plan.skip)
             if plan.needs_permission:
                 await self._cordon_for_drain(node, obj, {})
@@ -1102,6 +1090,23 @@ class KubernetesCluster:
         # The node's Event (AccelDrainFinished / AccelDrainBlocked) is the engine's, as the policy's
         # `events` setting says.
         logger.info("%s: %s", node, outcome.summary())
+
+
+def _plan(
+    node: str, pod_objs: list[dict[str, Any]], pdbs: WatchCache | None, settings: DrainSettings
+) -> DrainPlan:
+    """The drain plan of these pods under the watched budgets (none when policy/v1 is not served)."""
+    try:
+        pods = [pod_from_object(o) for o in pod_objs]
+        budgets = [pdb_from_object(o) for o in pdbs.objects()] if pdbs is not None else []
+    except ObjectFormatError as exc:
+        raise BackendUnavailable(f"a pod on {node} or a budget has an unexpected shape: {exc}") from exc
+    return plan_drain(
+        pods,
+        budgets,
+        delete_emptydir_data=settings.delete_emptydir_data,
+        force_bare_pods=settings.force_bare_pods,
+    )
 
 
 class _DrainRun:
@@ -1189,19 +1194,7 @@ class _DrainRun:
         fresh = [o for o in self.pods.objects() if _pod_key(o) not in self.known]
         if not fresh:
             return []
-        try:
-            pods = [pod_from_object(o) for o in fresh]
-            pdbs = [pdb_from_object(o) for o in self.pdbs.objects()] if self.pdbs is not None else []
-        except ObjectFormatError as exc:
-            raise BackendUnavailable(
-                f"a pod on {self.node} or a budget has an unexpected shape: {exc}"
-            ) from exc
-        plan = plan_drain(
-            pods,
-            pdbs,
-            delete_emptydir_data=self.settings.delete_emptydir_data,
-            force_bare_pods=self.settings.force_bare_pods,
-        )
+        plan = _plan(self.node, fresh, self.pdbs, self.settings)
         self.known |= {(p.namespace, p.name) for p in (*plan.evict, *plan.skip, *plan.blocked)}
         self.uids |= {_pod_key(o): _uid(o) for o in fresh}
         late = [(p.namespace, p.name) for p in (*plan.evict, *plan.waiting_on_pdb)]
