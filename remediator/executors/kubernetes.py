@@ -43,7 +43,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from kubernetes.aio import client as k8s
@@ -273,7 +273,7 @@ class KubernetesCluster:
         self.nodes = WatchCache(
             what="nodes",
             list_all=self._list_nodes_with_version,
-            watch=self._core.list_node,
+            watch=self._core.list_node_without_preload_content,
             watch_seconds=self.settings.watch_seconds,
         )
         """The watch-backed node cache; reads come from it once `start_cache()` synced it."""
@@ -602,7 +602,7 @@ class KubernetesCluster:
         return WatchCache(
             what=f"pods on {node}",
             list_all=lambda: self._list_pods_with_version(node),
-            watch=self._core.list_pod_for_all_namespaces,
+            watch=self._core.list_pod_for_all_namespaces_without_preload_content,
             watch_args={"field_selector": f"spec.nodeName={node}"},
             key=namespaced_key,
             watch_seconds=self.settings.watch_seconds,
@@ -612,7 +612,7 @@ class KubernetesCluster:
         return WatchCache(
             what="PodDisruptionBudgets",
             list_all=self._list_pdbs_with_version,
-            watch=self._policy.list_pod_disruption_budget_for_all_namespaces,
+            watch=self._policy.list_pod_disruption_budget_for_all_namespaces_without_preload_content,
             key=namespaced_key,
             watch_seconds=self.settings.watch_seconds,
         )
@@ -1033,9 +1033,14 @@ class KubernetesCluster:
         """
         self._ensure_leader(f"drain {node}")
         async with contextlib.AsyncExitStack() as stack:
-            pod_cache = await stack.enter_async_context(self.watching_pods(node))
-            pdb_cache = await self._enter_pdb_watch(stack)
-            obj = await self._read_node_object(node)
+            # At once; every watch that started is in the stack before a failure ends the drain.
+            started = await asyncio.gather(
+                stack.enter_async_context(self.watching_pods(node)),
+                self._enter_pdb_watch(stack),
+                self._read_node_object(node),
+                return_exceptions=True,
+            )
+            pod_cache, pdb_cache, obj = _all_or_raise(*started)
             if obj is None:
                 raise BackendUnavailable(f"drain {node}: node not found")
             pod_objs = pod_cache.objects()
@@ -1090,6 +1095,19 @@ class KubernetesCluster:
         # The node's Event (AccelDrainFinished / AccelDrainBlocked) is the engine's, as the policy's
         # `events` setting says.
         logger.info("%s: %s", node, outcome.summary())
+
+
+_A = TypeVar("_A")
+_B = TypeVar("_B")
+_C = TypeVar("_C")
+
+
+def _all_or_raise(a: _A | BaseException, b: _B | BaseException, c: _C | BaseException) -> tuple[_A, _B, _C]:
+    """The results of a gather(return_exceptions=True), or the first exception among them."""
+    for result in (a, b, c):
+        if isinstance(result, BaseException):
+            raise result
+    return a, b, c  # type: ignore[return-value]  # none is an exception: checked just above
 
 
 def _plan(
@@ -1284,6 +1302,7 @@ class _DrainRun:
         (the API does not answer it, nor the LIST after it): the drain does not wait on a stale view.
         """
         while True:
+            changed = self.pods.next_change()
             if self.pods.broken:
                 raise BackendUnavailable(
                     f"Kubernetes API: the watch of the pods on {self.node} fails ({self.pods.last_error}); "
@@ -1298,11 +1317,11 @@ class _DrainRun:
                 return
             pause = max(0.01, min(self.settings.poll_interval_seconds, self._remaining()))
             woken = asyncio.ensure_future(self.wake.wait())
-            changed = asyncio.ensure_future(self.pods.wait_change(pause))
+            seen = asyncio.ensure_future(changed.wait())
             try:
-                await asyncio.wait((woken, changed), timeout=pause, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait((woken, seen), timeout=pause, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 woken.cancel()
-                changed.cancel()
-                await asyncio.gather(woken, changed, return_exceptions=True)
+                seen.cancel()
+                await asyncio.gather(woken, seen, return_exceptions=True)
             self.wake.clear()

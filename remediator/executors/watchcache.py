@@ -19,13 +19,11 @@ sleep until the watch delivers something instead of asking the API again.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from typing import Any
-
-from kubernetes.aio import client as k8s
-from kubernetes.aio import watch as k8s_watch
 
 logger = logging.getLogger("remediator.watchcache")
 
@@ -66,6 +64,42 @@ def _newer(a: Mapping[str, Any], b: Mapping[str, Any] | None) -> bool:
     return True
 
 
+class WatchRefused(Exception):
+    """The API server answered a watch with an error: an HTTP status, or an ERROR event (410 Gone)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"{status} {reason}")
+        self.status = status
+        self.reason = reason
+
+    @classmethod
+    def from_body(cls, status: int, body: bytes, default: str) -> WatchRefused:
+        """From a Status object's JSON (its reason and message), or `default`."""
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            return cls(status, default)
+        if not isinstance(obj, dict):
+            return cls(status, default)
+        return cls(status, f"{obj.get('reason') or default}: {obj.get('message', '')}")
+
+
+def _event(line: bytes, what: str) -> Mapping[str, Any]:
+    """One line of a watch: {type, object}; raises WatchRefused for an ERROR event (or a bare Status)."""
+    try:
+        event = json.loads(line)
+    except ValueError as exc:
+        raise ValueError(f"a line of the {what} watch is no JSON: {line[:200]!r}") from exc
+    if not isinstance(event, dict):
+        raise ValueError(f"a line of the {what} watch is no event: {line[:200]!r}")
+    if str(event.get("type", "")).upper() == "ERROR" or "type" not in event:
+        status = event.get("object") if "type" in event else event
+        if isinstance(status, dict) and "code" in status:
+            raise WatchRefused.from_body(int(status["code"]), json.dumps(status).encode(), "Error")
+        raise ValueError(f"a line of the {what} watch is no event: {line[:200]!r}")
+    return event
+
+
 class WatchCache:
     """Objects of one kind (optionally narrowed by a field selector), kept current by a watch.
 
@@ -77,7 +111,7 @@ class WatchCache:
         *,
         what: str,
         list_all: ListAll,
-        watch: Callable[..., Any],
+        watch: Callable[..., Awaitable[Any]],
         watch_args: Mapping[str, Any] | None = None,
         key: KeyOf = name_key,
         watch_seconds: int = 300,
@@ -86,6 +120,8 @@ class WatchCache:
     ) -> None:
         self.what = what
         """What is cached, in words (for logs): `nodes`, `pods on gpu-1`."""
+        # `watch` is the client's list method `*_without_preload_content` (it answers the raw HTTP
+        # response, read here line by line); `watch_args` narrow it (a field selector).
         self._list_all = list_all
         self._watch_method = watch
         self._watch_args = dict(watch_args or {})
@@ -131,6 +167,11 @@ class WatchCache:
         except TimeoutError:
             return False
         return True
+
+    def next_change(self) -> asyncio.Event:
+        """The event set at the cache's next change (an event, a relist, a failure). Take it before
+        looking at the cache and wait on it after, so that no change in between is missed."""
+        return self._changed
 
     async def wait_change(self, seconds: float) -> bool:
         """Wait up to `seconds` for the cache to change (an event, a relist, a failure); whether it did."""
@@ -196,11 +237,9 @@ class WatchCache:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def _apply(self, event: Any) -> None:
-        if not isinstance(event, Mapping):  # a line that is not a watch event at all
-            raise ValueError(f"unexpected line in the {self.what} watch: {str(event)[:200]!r}")
+    def _apply(self, event: Mapping[str, Any]) -> None:
         kind = str(event.get("type", "")).upper()
-        obj = event.get("raw_object")
+        obj = event.get("object")
         if not isinstance(obj, dict):
             return
         meta = obj.get("metadata") or {}
@@ -219,22 +258,24 @@ class WatchCache:
 
     async def _watch(self) -> int:
         """One WATCH from the current version until the server ends it; the events it delivered."""
-        watcher = k8s_watch.Watch(return_type="object")  # type: ignore[no-untyped-call]  # untyped upstream; raw dicts, not models
         self.watches += 1
+        response = await self._watch_method(
+            **self._watch_args,
+            watch=True,
+            resource_version=self._version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self._watch_seconds,
+            _request_timeout=self._watch_seconds + 30,
+        )
         delivered = 0
         try:
-            async for event in watcher.stream(  # type: ignore[no-untyped-call]  # untyped upstream
-                self._watch_method,
-                **self._watch_args,
-                resource_version=self._version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=self._watch_seconds,
-                _request_timeout=self._watch_seconds + 30,
-            ):
-                self._apply(event)
+            if response.status != 200:
+                raise WatchRefused.from_body(response.status, await response.read(), response.reason or "")
+            while line := await response.content.readline():
+                self._apply(_event(line, self.what))
                 delivered += 1
         finally:
-            await watcher.close()  # type: ignore[no-untyped-call]  # untyped upstream
+            response.release()
         return delivered
 
     async def run(self, *, listed: bool = False) -> None:
@@ -256,7 +297,7 @@ class WatchCache:
                 logger.warning("%s watch ended at once without an event; watching again", self.what)
             except asyncio.CancelledError:
                 raise
-            except k8s.ApiException as exc:
+            except WatchRefused as exc:
                 if exc.status == 410:
                     self.expired += 1
                     logger.info(
@@ -267,7 +308,7 @@ class WatchCache:
                     need_list = True
                     continue
                 # 429: the server asks to slow down; the version is still good. Anything else (403,
-                # 5xx, an answer that is no watch): list again, as client-go does.
+                # 5xx): list again, as client-go does.
                 need_list = need_list or exc.status != 429
                 self._failed(f"{exc.status} {exc.reason}")
                 logger.warning(
