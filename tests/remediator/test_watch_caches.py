@@ -6,7 +6,7 @@ end with it; the LIST a plan made moments before is where the drain's watch star
 plan and drain), and a pod bound to the node after that LIST is evicted too; a drain running
 beside another shares the budgets' watch; an eviction a budget refused is retried as soon as the
 watched budget allows one, not after the backoff; a watch whose version was compacted away lists
-again and keeps following.
+again and keeps following; the wait for evicted pods wakes at each change the watch delivers.
 """
 
 from __future__ import annotations
@@ -137,6 +137,24 @@ async def test_an_eviction_a_budget_refused_goes_through_as_soon_as_the_watched_
     assert outcome.completed
     assert [status for *_, status in api.evictions] == [429, 201]
     assert took < 3  # woken by the budget's change, not after the 4 s or more the backoff says
+
+
+async def test_the_wait_for_evicted_pods_is_woken_by_the_watch_not_by_the_poll_interval() -> None:
+    async with serve() as (api, url):  # an evicted pod is gone at once: its DELETED races the answer
+        cluster = connect(url)
+        try:
+            api.add(node("gpu-1"))
+            for i in range(20):
+                api.add(pod(f"w-{i}", node_name="gpu-1"))
+            slow_poll = DrainSettings(timeout_seconds=60, concurrency=1, poll_interval_seconds=30)
+            started = time.monotonic()
+            outcome = await cluster.drain("gpu-1", slow_poll)
+            took = time.monotonic() - started
+        finally:
+            await cluster.close()
+    assert outcome.completed
+    assert len(outcome.evicted) == 20
+    assert took < 10  # a single change missed would have cost the 30 s poll interval
 
 
 async def test_a_watch_whose_version_was_compacted_lists_again_and_keeps_following(
