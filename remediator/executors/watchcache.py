@@ -11,9 +11,11 @@ drain of that node runs) and every PodDisruptionBudget (while any drain runs). `
 second and third kind's life cycle: the first user starts it, from a LIST of its own or from one
 just made for another reason, and the last user to leave stops it.
 
-Writes made by this service are put into the cache at once from the API's answer (`observe`), so a
-decision right after a write never sees the object as it was before it. `wait_change` lets a loop
-sleep until the watch delivers something instead of asking the API again.
+A watch is the client's list method (`*_without_preload_content`) with `watch=True`, its answer read
+one JSON event per line. Writes made by this service are put into the cache at once from the API's
+answer (`observe`), so a decision right after a write never sees the object as it was before it.
+`next_change` and `wait_change` let a loop sleep until the watch delivers something instead of
+asking the API again.
 """
 
 from __future__ import annotations
@@ -73,15 +75,11 @@ class WatchRefused(Exception):
         self.reason = reason
 
     @classmethod
-    def from_body(cls, status: int, body: bytes, default: str) -> WatchRefused:
-        """From a Status object's JSON (its reason and message), or `default`."""
-        try:
-            obj = json.loads(body)
-        except ValueError:
-            return cls(status, default)
-        if not isinstance(obj, dict):
-            return cls(status, default)
-        return cls(status, f"{obj.get('reason') or default}: {obj.get('message', '')}")
+    def from_status(cls, code: int, status: Any, default: str) -> WatchRefused:
+        """From a Status object (its reason and message), or `default` when it is none."""
+        if not isinstance(status, dict):
+            return cls(code, default)
+        return cls(code, f"{status.get('reason') or default}: {status.get('message', '')}")
 
 
 def _event(line: bytes, what: str) -> Mapping[str, Any]:
@@ -95,7 +93,7 @@ def _event(line: bytes, what: str) -> Mapping[str, Any]:
     if str(event.get("type", "")).upper() == "ERROR" or "type" not in event:
         status = event.get("object") if "type" in event else event
         if isinstance(status, dict) and "code" in status:
-            raise WatchRefused.from_body(int(status["code"]), json.dumps(status).encode(), "Error")
+            raise WatchRefused.from_status(int(status["code"]), status, "Error")
         raise ValueError(f"a line of the {what} watch is no event: {line[:200]!r}")
     return event
 
@@ -270,7 +268,12 @@ class WatchCache:
         delivered = 0
         try:
             if response.status != 200:
-                raise WatchRefused.from_body(response.status, await response.read(), response.reason or "")
+                body = await response.read()
+                try:
+                    status = json.loads(body)
+                except ValueError:
+                    status = None
+                raise WatchRefused.from_status(response.status, status, response.reason or "")
             while line := await response.content.readline():
                 self._apply(_event(line, self.what))
                 delivered += 1
