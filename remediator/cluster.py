@@ -267,7 +267,8 @@ class DrainSettings:
     backoff_max_seconds: float = 10.0
     """Longest wait between two eviction attempts of one pod (kubectl waits 5 s)."""
     poll_interval_seconds: float = 1.0
-    """How often the pods left on the node are listed while waiting for evicted pods to go."""
+    """Longest pause between two looks at the pods left on the node while waiting for evicted pods to
+    go (the Kubernetes executor looks at its watch of the node's pods, also at every change)."""
 
 
 @dataclass(frozen=True)
