@@ -104,7 +104,7 @@ class Intake(Pipeline):
                 self._dirty = firing.resolved(node_name, alert.fingerprint) or self._dirty
             elif rule is not None and rule.actions:
                 alertname = alert.labels.get("alertname", "")
-                firing.firing(
+                changed = firing.firing(  # a resend only moves the expiry: written now and then
                     node_name,
                     fingerprint=alert.fingerprint,
                     alertname=alertname,
@@ -112,7 +112,8 @@ class Intake(Pipeline):
                     labels=alert.labels,
                     starts_at=alert.starts_at,
                 )
-                self._dirty = acting = True
+                self._dirty = changed or self._dirty
+                acting = True
         if acting:
             await self._observe_nodes()
         if self.state.breaker.evaluate(alerting=self._alerting_nodes()):

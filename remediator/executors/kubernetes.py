@@ -92,6 +92,8 @@ DRAIN_BLOCKED = PREFIX + "drain-blocked"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 EVENT_MESSAGE_LIMIT = 1024
+EVENT_SERIES_SECONDS = 600.0
+"""A repeat within this long bumps an Event's count (client-go's window); older series are forgotten."""
 
 
 class NotLeader(BackendUnavailable):
@@ -656,11 +658,10 @@ class KubernetesCluster:
         return listed[0]
 
     async def list_nodes(self) -> list[Node]:
-        if self.nodes.synced:
-            objs = self.nodes.objects()
-        else:
-            objs, _ = await self._list_nodes_with_version()
         try:
+            if self.nodes.synced:
+                return self.nodes.converted(node_from_object)
+            objs, _ = await self._list_nodes_with_version()
             return [node_from_object(o) for o in objs]
         except ObjectFormatError as exc:
             raise BackendUnavailable(f"a node has an unexpected shape: {exc}") from exc
@@ -896,7 +897,7 @@ class KubernetesCluster:
             message = message[: EVENT_MESSAGE_LIMIT - 3] + "..."
         key = (node, reason, message, type_)
         seen = self._events.get(key)
-        if seen is not None and now - seen[2] < 600:
+        if seen is not None and now - seen[2] < EVENT_SERIES_SECONDS:
             name, count, _ = seen
             try:
                 await self._call(
@@ -911,7 +912,7 @@ class KubernetesCluster:
                 if exc.status != 404:
                     raise BackendUnavailable(f"Kubernetes API: update event {name}: {exc}") from exc
             else:
-                self._events[key] = (name, count + 1, now)
+                self._remember_event(key, (name, count + 1, now))
                 return
         name = f"{node}.{time.time_ns():x}"
         body = {
@@ -939,7 +940,24 @@ class KubernetesCluster:
             )
         except ApiError as exc:
             raise BackendUnavailable(f"Kubernetes API: create event on {node}: {exc}") from exc
-        self._events[key] = (name, 1, now)
+        self._remember_event(key, (name, 1, now))
+
+    def _remember_event(self, key: tuple[str, str, str, str], series: tuple[str, int, float]) -> None:
+        """Keep the series last written (kept in order of last write) and forget those older than
+        the window: a storm's Events on thousands of nodes are not remembered forever."""
+        self._events.pop(key, None)
+        self._events[key] = series
+        horizon = series[2] - EVENT_SERIES_SECONDS
+        while True:  # ends at the latest: the one just written is within the window
+            oldest = next(iter(self._events))
+            if self._events[oldest][2] >= horizon:
+                return
+            del self._events[oldest]
+
+    @property
+    def event_series(self) -> int:
+        """Event series remembered to count repeats (those written in the last 10 minutes)."""
+        return len(self._events)
 
     # -- eviction and drain --------------------------------------------------------------------
 

@@ -25,9 +25,10 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 logger = logging.getLogger("remediator.watchcache")
+T = TypeVar("T")
 
 ListAll = Callable[[], Awaitable[tuple[list[dict[str, Any]], str]]]
 """Every object (all pages) and the list's resourceVersion; raises when the API cannot answer."""
@@ -128,6 +129,8 @@ class WatchCache:
         self._retry_seconds = retry_seconds
         self._max_retry_seconds = max_retry_seconds
         self._objects: dict[Hashable, dict[str, Any]] = {}
+        self._converted: dict[Hashable, tuple[dict[str, Any], Any]] = {}  # key -> (object, converted)
+        self._convert: Callable[[dict[str, Any]], Any] | None = None
         self._version = ""
         self._synced = asyncio.Event()
         self._changed = asyncio.Event()
@@ -186,6 +189,23 @@ class WatchCache:
 
     def objects(self) -> list[dict[str, Any]]:
         return list(self._objects.values())
+
+    def converted(self, convert: Callable[[dict[str, Any]], T]) -> list[T]:
+        """Every object through `convert`, called once per version of each object (a cached object
+        is replaced, never changed in place, when it changes): every delivery reads every node, and
+        converting 2,000 of them each time costs about 50 ms. Conversions of objects gone or
+        changed since are dropped."""
+        if convert is not self._convert:
+            self._converted, self._convert = {}, convert
+        kept: dict[Hashable, tuple[dict[str, Any], Any]] = {}
+        out: list[T] = []
+        for key, obj in self._objects.items():
+            hit = self._converted.get(key)
+            value = hit[1] if hit is not None and hit[0] is obj else convert(obj)
+            kept[key] = (obj, value)
+            out.append(value)
+        self._converted = kept
+        return out
 
     def observe(self, obj: Mapping[str, Any]) -> None:
         """An object as the API just answered a write or a read: newer than what is cached, or ignored."""

@@ -1,8 +1,9 @@
 """The executor's watch-backed node cache against the real API server, requests counted in its audit log.
 
 The remediator's client runs as a ServiceAccount of its own so that the audit log tells its requests
-apart. Covered: one LIST then a WATCH, a human's cordon seen through the watch; a firing delivery
-makes no LIST and, per action, one GET (read-modify-write), one PATCH and its Event.
+apart. Covered: one LIST then a WATCH, a human's cordon seen through the watch; reading every node
+again converts only the nodes that changed; a firing delivery makes no LIST and, per action, one GET
+(read-modify-write), one PATCH and its Event.
 """
 
 from __future__ import annotations
@@ -105,6 +106,28 @@ async def test_the_cache_lists_once_then_follows_a_humans_cordon_through_the_wat
     finally:
         await cluster.close()
         plane.admin.merge_patch("/api/v1/nodes/gpu-4", {"spec": {"unschedulable": None}})
+
+
+async def test_reading_every_node_converts_only_the_nodes_changed_since_the_last_read(
+    plane: ControlPlane, token: str
+) -> None:
+    cluster = cluster_for(plane, token)
+    try:
+        assert await cluster.start_cache(wait_seconds=20)
+        first = {n.name: n for n in await cluster.list_nodes()}
+        again = {n.name: n for n in await cluster.list_nodes()}
+        assert all(again[name] is node for name, node in first.items())  # nothing converted anew
+        plane.admin.merge_patch("/api/v1/nodes/gpu-3", {"spec": {"unschedulable": True}})
+
+        async def seen() -> bool:
+            return any(n.name == "gpu-3" and n.unschedulable for n in await cluster.list_nodes())
+
+        await eventually(seen)
+        after = {n.name: n for n in await cluster.list_nodes()}
+        assert [name for name in first if after[name] is not first[name]] == ["gpu-3"]
+    finally:
+        await cluster.close()
+        plane.admin.merge_patch("/api/v1/nodes/gpu-3", {"spec": {"unschedulable": None}})
 
 
 async def test_a_firing_delivery_makes_no_list_and_one_read_and_one_write_per_action(

@@ -179,6 +179,42 @@ async def test_budget_idempotency_and_ownership_survive_a_restart_over_the_same_
     assert second.budget.in_use == 0
 
 
+async def test_resends_that_bring_nothing_new_write_no_gate_state() -> None:
+    clock = FakeClock()
+    cluster = cluster_of(10)
+    policy = "safety: {alert_expiry_seconds: 1000}\nrules: [{name: c, actions: [cordon]}]"
+    engine = engine_over(cluster, policy, clock=clock)
+    await engine.handle(webhook(alert("n1")))
+    assert cluster.gate_state_saves == 1
+    for _ in range(5):  # resends a few seconds apart, as a storm's groups and API reads come
+        clock.now += 2
+        await engine.handle(webhook(alert("n1")))
+    assert cluster.gate_state_saves == 1
+    clock.now += 2  # the expiry has now moved on by more than 1% of 1000 s since it was written
+    await engine.handle(webhook(alert("n1")))
+    assert cluster.gate_state_saves == 2
+    episode = alert("n1")
+    episode["startsAt"] = "2025-11-22T21:00:00Z"  # a new episode is new: written at once
+    await engine.handle(webhook(episode))
+    assert cluster.gate_state_saves == 3
+
+
+async def test_a_new_leader_keeps_an_alert_firing_to_within_one_percent_of_its_expiry() -> None:
+    clock = FakeClock()
+    cluster = cluster_of(10)
+    policy = "safety: {alert_expiry_seconds: 1000}\nrules: [{name: c, actions: [cordon]}]"
+    engine = engine_over(cluster, policy, clock=clock)
+    for _ in range(40):
+        await engine.handle(webhook(alert("n1")))
+        clock.now += 3
+    last = clock.now - 3
+    successor = engine_over(cluster, policy, clock=clock)
+    await successor.start()
+    expires = successor.status().firing["n1"]["fp-n1"]["expires"]
+    assert last + 1000 - 10 <= expires <= last + 1000
+    assert cluster.gate_state_saves < 40 // 3
+
+
 async def test_an_open_breaker_and_a_pause_survive_a_restart() -> None:
     clock = FakeClock()
     cluster = cluster_of(10)

@@ -1,10 +1,10 @@
 """The Kubernetes executor against an HTTP-level fake API server (kmock plus a small object store).
 
 Covers reads, cordon/taint ownership and conflict retries, conditions on the status subresource,
-node Events, the eviction contract the engine relies on, kubectl-like drains (PDB 429s retried
-until the deadline, waiting for pods to go, bounded concurrency, refusal with reasons, resumption
-from annotations), the API failing (500s, timeouts, connection refused), and the webhook keeping
-the intent across an outage without doing anything twice.
+node Events (repeats counted, series forgotten after their window), the eviction contract the engine
+relies on, kubectl-like drains (PDB 429s retried until the deadline, waiting for pods to go, bounded
+concurrency, refusal with reasons, resumption from annotations), the API failing (500s, timeouts,
+connection refused), and the webhook keeping the intent across an outage without doing anything twice.
 """
 
 from __future__ import annotations
@@ -238,6 +238,31 @@ async def test_events_name_the_node_like_the_kubelets_and_repeats_are_counted(
     assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-1", "uid": "gpu-1"}
     assert (event["reason"], event["type"], event["count"]) == ("GpuFatalXid", "Warning", 3)
     assert event["source"] == {"component": "accel-health-remediator"}
+
+
+async def test_event_series_older_than_ten_minutes_are_forgotten_not_kept_forever() -> None:
+    now = [1_700_000_000.0]
+    async with serve() as (api, url):
+        cluster = KubernetesCluster(
+            api=k8s.ApiClient(k8s.Configuration(host=url)), settings=FAST, clock=lambda: now[0]
+        )
+        try:
+            for i in range(20):  # a storm's Events, one series per node
+                api.add(node(f"gpu-{i}"))
+                await cluster.record_event(
+                    node=f"gpu-{i}", reason="AccelCordoned", message="m", type_="Normal"
+                )
+            assert cluster.event_series == 20
+            now[0] += 300
+            await cluster.record_event(node="gpu-0", reason="AccelCordoned", message="m", type_="Normal")
+            now[0] += 301  # the other 19 series are now older than the window; gpu-0's is not
+            await cluster.record_event(node="gpu-1", reason="AccelCordoned", message="m", type_="Normal")
+            assert cluster.event_series == 2
+            await cluster.record_event(node="gpu-0", reason="AccelCordoned", message="m", type_="Normal")
+        finally:
+            await cluster.close()
+    counts = sorted(obj["count"] for (plural, _, _), obj in api.store.items() if plural == "events")
+    assert counts == [1] * 20 + [3]  # gpu-0's series still counted; gpu-1's old one left, a new one made
 
 
 # -- eviction contract ---------------------------------------------------------------------------
