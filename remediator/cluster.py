@@ -177,6 +177,10 @@ class LabelRequirement:
     """Values for In / NotIn."""
 
 
+SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+"""The operators of a matchExpressions entry."""
+
+
 @dataclass(frozen=True)
 class LabelSelector:
     """A Kubernetes label selector (matchLabels AND matchExpressions)."""
@@ -185,6 +189,24 @@ class LabelSelector:
     """matchLabels"""
     match_expressions: tuple[LabelRequirement, ...] = ()
     """matchExpressions"""
+
+    @property
+    def empty(self) -> bool:
+        """No requirement at all (matches everything)."""
+        return not self.match_labels and not self.match_expressions
+
+    def __str__(self) -> str:
+        """As kubectl's `-l` writes it: `pool=p5,zone in (a,b),!spot`."""
+        parts = [f"{k}={v}" for k, v in sorted(self.match_labels.items())]
+        for req in self.match_expressions:
+            if req.operator == "Exists":
+                parts.append(req.key)
+            elif req.operator == "DoesNotExist":
+                parts.append(f"!{req.key}")
+            else:
+                op = "in" if req.operator == "In" else "notin"
+                parts.append(f"{req.key} {op} ({','.join(req.values)})")
+        return ",".join(parts) or "(every node)"
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         """Kubernetes semantics; an empty selector matches everything (policy/v1 PDB)."""
@@ -245,7 +267,8 @@ class DrainSettings:
     backoff_max_seconds: float = 10.0
     """Longest wait between two eviction attempts of one pod (kubectl waits 5 s)."""
     poll_interval_seconds: float = 1.0
-    """How often the pods left on the node are listed while waiting for evicted pods to go."""
+    """Longest pause between two looks at the pods left on the node while waiting for evicted pods to
+    go (the Kubernetes executor looks at its watch of the node's pods, also at every change)."""
 
 
 @dataclass(frozen=True)
@@ -515,27 +538,85 @@ def pdb_from_object(obj: Mapping[str, Any]) -> PodDisruptionBudget:
     meta = _mapping(obj.get("metadata"), "metadata")
     spec = _mapping(obj.get("spec"), "spec")
     status = _mapping(obj.get("status"), "status")
-    sel = _mapping(spec.get("selector"), "spec.selector")
-    exprs = []
-    for i, expr in enumerate(_list(sel.get("matchExpressions"), "spec.selector.matchExpressions")):
-        where = f"spec.selector.matchExpressions[{i}]"
-        expr_map = _mapping(expr, where)
-        exprs.append(
-            LabelRequirement(
-                key=_str(expr_map.get("key"), f"{where}.key", required=True),
-                operator=_str(expr_map.get("operator"), f"{where}.operator", required=True),
-                values=tuple(str(v) for v in _list(expr_map.get("values"), f"{where}.values")),
-            )
-        )
+    problems: list[str] = []
+    selector = label_selector_from_object(spec.get("selector"), "spec.selector", problems)
+    if problems:
+        raise ObjectFormatError("; ".join(problems))
     allowed = status.get("disruptionsAllowed", 0)
     if not isinstance(allowed, int) or isinstance(allowed, bool):
         raise ObjectFormatError(f"status.disruptionsAllowed: expected an integer, got {allowed!r}")
     return PodDisruptionBudget(
         namespace=_str(meta.get("namespace"), "metadata.namespace") or "default",
         name=_str(meta.get("name"), "metadata.name", required=True),
-        selector=LabelSelector(
-            match_labels=_str_map(sel.get("matchLabels"), "spec.selector.matchLabels"),
-            match_expressions=tuple(exprs),
-        ),
+        selector=selector,
         disruptions_allowed=allowed,
     )
+
+
+def _selector_requirement(raw: Any, where: str, problems: list[str]) -> LabelRequirement | None:
+    if not isinstance(raw, Mapping):
+        problems.append(f"{where}: expected a mapping with key, operator and values, got {raw!r}")
+        return None
+    before = len(problems)
+    problems.extend(
+        f"{where}.{k}: unknown field (known: key, operator, values)"
+        for k in raw
+        if k not in ("key", "operator", "values")
+    )
+    key, operator, values = raw.get("key"), raw.get("operator"), raw.get("values")
+    if not isinstance(key, str) or not key:
+        problems.append(f"{where}.key: required, a non-empty string")
+    if operator not in SELECTOR_OPERATORS:
+        problems.append(
+            f"{where}.operator: expected one of {', '.join(SELECTOR_OPERATORS)}, got {operator!r}"
+        )
+    if values is not None and (not isinstance(values, list) or not all(isinstance(v, str) for v in values)):
+        problems.append(f"{where}.values: expected a list of strings (quote numbers and true/false)")
+    elif operator in ("In", "NotIn") and not values:
+        problems.append(f"{where}.values: required, at least one value, for operator {operator}")
+    elif operator in ("Exists", "DoesNotExist") and values:
+        problems.append(f"{where}.values: must be empty for operator {operator}")
+    if len(problems) > before:
+        return None
+    return LabelRequirement(key=str(key), operator=str(operator), values=tuple(values or ()))
+
+
+def label_selector_from_object(raw: Any, where: str, problems: list[str]) -> LabelSelector:
+    """A label selector as Kubernetes objects write it (`{matchLabels: {...}, matchExpressions:
+    [{key, operator, values}]}`; None is the empty selector) -> LabelSelector. Each problem, checked
+    as the API server validates selectors, is appended to `problems` naming its field; the selector
+    returned then is not to be used."""
+    if raw is None:
+        return LabelSelector()
+    if not isinstance(raw, Mapping):
+        problems.append(f"{where}: expected a mapping with matchLabels and/or matchExpressions, got {raw!r}")
+        return LabelSelector()
+    problems.extend(
+        f"{where}.{k}: unknown field (known: matchLabels, matchExpressions)"
+        for k in raw
+        if k not in ("matchLabels", "matchExpressions")
+    )
+    labels: dict[str, str] = {}
+    raw_labels = raw.get("matchLabels") or {}
+    if not isinstance(raw_labels, Mapping):
+        problems.append(f"{where}.matchLabels: expected a mapping of label -> value, got {raw_labels!r}")
+        raw_labels = {}
+    for key, value in raw_labels.items():
+        if not isinstance(key, str) or not key:
+            problems.append(f"{where}.matchLabels: label names must be non-empty strings, got {key!r}")
+        elif not isinstance(value, str):
+            problems.append(
+                f"{where}.matchLabels.{key}: expected a string (quote numbers and true/false), got {value!r}"
+            )
+        else:
+            labels[key] = value
+    exprs: list[LabelRequirement] = []
+    raw_exprs = raw.get("matchExpressions")
+    if raw_exprs is not None and not isinstance(raw_exprs, list):
+        problems.append(f"{where}.matchExpressions: expected a list, got {type(raw_exprs).__name__}")
+    elif raw_exprs is not None:
+        for i, item in enumerate(raw_exprs):
+            req = _selector_requirement(item, f"{where}.matchExpressions[{i}]", problems)
+            if req is not None:
+                exprs.append(req)
+    return LabelSelector(match_labels=MappingProxyType(labels), match_expressions=tuple(exprs))

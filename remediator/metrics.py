@@ -39,6 +39,22 @@ class _GateCollector(Collector):
             "The effective disruption budget (max_disrupted_nodes, or the percentage of eligible nodes).",
             value=st.budget_capacity,
         )
+        rule_in_use = GaugeMetricFamily(
+            "accel_remediator_rule_nodes_disrupted",
+            "Nodes a rule's selector covers that are out of service now (held by the remediator, or "
+            "unschedulable / NotReady), for rules with a budget of their own.",
+            labels=["rule"],
+        )
+        rule_capacity = GaugeMetricFamily(
+            "accel_remediator_rule_disruption_budget_nodes",
+            "A rule's own effective disruption budget over the nodes its selector covers.",
+            labels=["rule"],
+        )
+        for rule, usage in sorted(st.rule_budgets.items()):
+            rule_in_use.add_metric([rule], usage["in_use"])
+            rule_capacity.add_metric([rule], usage["capacity"])
+        yield rule_in_use
+        yield rule_capacity
         yield GaugeMetricFamily(
             "accel_remediator_breaker_open",
             "1 while the storm breaker holds every action back, else 0.",

@@ -9,6 +9,11 @@
         on_resolved: []          # or [uncordon, untaint]; destructive actions are refused here
         dry_run: false           # optional: this rule only plans
         verify: [remapped]       # optional: checks after a repair (default: repair.checks)
+        nodes:                   # optional: only alerts on nodes this label selector matches
+          matchLabels: {karpenter.sh/nodepool: p5}
+          matchExpressions: [{key: node.kubernetes.io/instance-type, operator: In, values: [p5.48xlarge]}]
+        max_disrupted_nodes: 1   # optional: this rule's own budget over the nodes `nodes` covers
+        max_disrupted_percent: 10
     repair: {checks: [remapped, power], escalate_after: 5, window_seconds: 604800}
     # safety: max_disrupted_nodes, max_disrupted_percent, opt_out_label,
     #         rate_limits: {drain: {max_actions: 3, window_seconds: 3600}},
@@ -16,8 +21,13 @@
     #                         cooldown_seconds: 900, enabled: true}
 
 Matchers follow Alertmanager: `=`, `!=`, `=~`, `!~`; regexes are anchored; a missing label reads as
-"". Validation collects every problem and raises one PolicyError naming file, rule and field, so an
-invalid policy never half-loads.
+"". A rule with `nodes:` (a Kubernetes label selector, as a Deployment's: matchLabels and
+matchExpressions with In, NotIn, Exists, DoesNotExist) applies only when the alert's node, as the
+service observes it, carries matching labels; a node it cannot see matches no such rule. So one
+cluster can drain one pool and only taint another. A rule's own `max_disrupted_nodes` and
+`max_disrupted_percent` count the nodes its selector covers (remediator/safety.py ScopedBudgets),
+on top of the `safety:` budget. Validation collects every problem and raises one PolicyError naming
+file, rule and field, so an invalid policy never half-loads.
 """
 
 from __future__ import annotations
@@ -31,8 +41,9 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
+from remediator.cluster import LabelSelector, Node, label_selector_from_object
 from remediator.repairpolicy import RepairSettings, parse_checks, parse_repair
-from remediator.safety import RateLimit, SafetySettings, StormSettings
+from remediator.safety import BudgetLimits, RateLimit, SafetySettings, StormSettings
 
 DEFAULT_POLICY_NAME = "default_policy.yaml"
 EventsMode = Literal["all", "failures", "none"]
@@ -268,9 +279,25 @@ class Rule:
     """This rule only plans, even when the service acts."""
     verify: tuple[str, ...] | None = None
     """Checks run after a repair of a node this rule took out; None: `repair.checks`."""
+    nodes: LabelSelector | None = None
+    """Only alerts on nodes whose labels this selector matches (`nodes:`); None: any node."""
+    budget: BudgetLimits | None = None
+    """The rule's own disruption budget over the nodes `nodes` covers (every eligible node without
+    `nodes:`); None: only the `safety:` budget."""
 
     def matches(self, labels: Mapping[str, str]) -> bool:
+        """The alert matchers (not the node selector) match these alert labels."""
         return all(m.matches(labels) for m in self.matchers)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The rule an alert gets, and why rules before it whose matchers matched did not apply."""
+
+    rule: Rule | None
+    """The first rule whose matchers and node selector match; None: no rule applies."""
+    passed_over: tuple[str, ...] = ()
+    """One line per rule passed over for its node selector (the node's labels, or the node unseen)."""
 
 
 @dataclass(frozen=True)
@@ -291,7 +318,39 @@ class Policy:
     """The closed loop back to the pool (remediator/repair.py)."""
 
     def first_match(self, labels: Mapping[str, str]) -> Rule | None:
+        """The first rule whose matchers match, node selectors left aside (see `select`)."""
         return next((r for r in self.rules if r.matches(labels)), None)
+
+    @property
+    def selects_nodes(self) -> bool:
+        """Some rule has a node selector (so the node must be looked at to pick a rule)."""
+        return any(r.nodes is not None for r in self.rules)
+
+    def rule(self, name: str) -> Rule | None:
+        """The rule of this name, or None."""
+        return next((r for r in self.rules if r.name == name), None)
+
+    def select(self, labels: Mapping[str, str], node: Node | None, *, node_name: str) -> Selection:
+        """The first rule whose matchers match the alert's labels and whose node selector (if any)
+        matches the labels of `node`, the alert's node as observed (None: not seen, which no rule
+        with a selector matches)."""
+        passed: list[str] = []
+        for rule in self.rules:
+            if not rule.matches(labels):
+                continue
+            if rule.nodes is None:
+                return Selection(rule, tuple(passed))
+            if node is None:
+                passed.append(
+                    f"rule {rule.name!r} selects nodes ({rule.nodes}) but node {node_name} is not in the "
+                    "observed nodes (no such node, or not seen yet): a node that cannot be seen matches "
+                    "no node selector"
+                )
+            elif rule.nodes.matches(node.labels):
+                return Selection(rule, tuple(passed))
+            else:
+                passed.append(f"rule {rule.name!r}: node {node_name} is not among its nodes ({rule.nodes})")
+        return Selection(None, tuple(passed))
 
 
 # -- loading and validation --------------------------------------------------------------------
@@ -539,7 +598,55 @@ def _parse_safety(raw: Any, problems: list[str]) -> SafetySettings:
     return SafetySettings(**kwargs) if len(problems) == before else SafetySettings()
 
 
-_RULE_FIELDS = ("name", "match", "actions", "on_resolved", "dry_run", "verify")
+_RULE_FIELDS = (
+    "name",
+    "match",
+    "nodes",
+    "actions",
+    "on_resolved",
+    "dry_run",
+    "verify",
+    "max_disrupted_nodes",
+    "max_disrupted_percent",
+)
+
+
+def _parse_nodes(raw: Any, where: str, problems: list[str]) -> LabelSelector | None:
+    before = len(problems)
+    selector = label_selector_from_object(raw, where, problems)
+    if len(problems) > before:
+        return None
+    if selector.empty:
+        problems.append(
+            f"{where}: give matchLabels and/or matchExpressions (leave nodes: out to match every node)"
+        )
+        return None
+    return selector
+
+
+def _parse_rule_budget(raw: Mapping[str, Any], where: str, problems: list[str]) -> BudgetLimits | None:
+    if "max_disrupted_nodes" not in raw and "max_disrupted_percent" not in raw:
+        return None
+    count = percent = None
+    if "max_disrupted_nodes" in raw:
+        count = _count(raw["max_disrupted_nodes"], f"{where}.max_disrupted_nodes", problems)
+    if "max_disrupted_percent" in raw:
+        name = f"{where}.max_disrupted_percent"
+        percent = _number(raw["max_disrupted_percent"], name, problems)
+        if percent is not None and percent > 100:
+            problems.append(f"{name}: must be at most 100, got {raw['max_disrupted_percent']}")
+    actions = raw.get("actions")
+    disruptive = isinstance(actions, list) and any(
+        (a if isinstance(a, str) else a.get("type") if isinstance(a, dict) else None) in DISRUPTIVE
+        for a in actions
+    )
+    if not disruptive:
+        field_name = "max_disrupted_nodes" if "max_disrupted_nodes" in raw else "max_disrupted_percent"
+        problems.append(
+            f"{where}.{field_name}: the rule has no disruptive action for a budget to limit "
+            f"({', '.join(sorted(DISRUPTIVE))})"
+        )
+    return BudgetLimits(max_disrupted_nodes=count, max_disrupted_percent=percent)
 
 
 def _parse_matchers(raw_match: Any, where: str, problems: list[str]) -> tuple[Matcher, ...]:
@@ -585,6 +692,8 @@ def _parse_rule(raw: Any, *, index: int, seen: set[str], problems: list[str]) ->
     if not isinstance(dry_run, bool):
         problems.append(f"{where}.dry_run: expected true or false, got {dry_run!r}")
     verify = parse_checks(raw["verify"], f"{where}.verify", problems) if "verify" in raw else None
+    nodes = _parse_nodes(raw["nodes"], f"{where}.nodes", problems) if "nodes" in raw else None
+    budget = _parse_rule_budget(raw, where, problems)
     if len(problems) > before:
         return None
     return Rule(
@@ -595,6 +704,8 @@ def _parse_rule(raw: Any, *, index: int, seen: set[str], problems: list[str]) ->
         on_resolved=on_resolved,
         dry_run=bool(dry_run),
         verify=verify,
+        nodes=nodes,
+        budget=budget,
     )
 
 

@@ -8,6 +8,8 @@ The gates, in the order the engine asks them:
 - `RateLimiter`: at most N actions of a kind per sliding window.
 - `DisruptionBudget`: at most N nodes, or P% of the eligible nodes, disrupted at once: the nodes this
   service holds plus the eligible nodes already unschedulable or NotReady for other reasons.
+- `ScopedBudgets`: a policy rule's own budget, counted the same way over the nodes its selector
+  covers (one node pool, one instance type); asked after the global budget, same gate name.
 
 Every gate can write its state to and read it from a JSON-able mapping (remediator/state.py puts
 them together into the document the cluster keeps), so budgets and the breaker survive restarts.
@@ -23,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from remediator.cluster import Node
+from remediator.cluster import LabelSelector, Node
 
 CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
 logger = logging.getLogger("remediator.safety")
@@ -501,3 +503,141 @@ class DisruptionBudget:
                 raise ValueError(f"{node}.kinds: expected a list")
             holds[str(node)] = Hold(since=_float(raw, "since"), dry_run=False, kinds={str(k) for k in kinds})
         self._holds = holds
+
+
+# -- a rule's own budget -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BudgetLimits:
+    """A policy rule's own disruption budget (its `max_disrupted_nodes` / `max_disrupted_percent`)."""
+
+    max_disrupted_nodes: int | None = None
+    """At most this many of the nodes the rule's selector covers out of service at once; None: no
+    count limit."""
+    max_disrupted_percent: float | None = None
+    """At most this share of the eligible nodes the selector covers, rounded down (10% of a 15-node
+    pool is 1; of a 9-node pool, 0: nothing is disrupted there); None: no percentage limit. The
+    smaller of the two applies."""
+
+
+@dataclass
+class _Scope:
+    selector: LabelSelector | None
+    limits: BudgetLimits
+    covered: set[str] = field(default_factory=set)  # eligible nodes the selector matches
+    matched: set[str] = field(default_factory=set)  # every node the selector matches
+    others: dict[str, str] = field(default_factory=dict)  # covered node -> unschedulable / NotReady
+
+
+class ScopedBudgets:
+    """Each budgeted rule's disruption budget over the nodes its selector covers, as observed.
+
+    Counted as `DisruptionBudget` counts, only within the scope: the nodes this service holds (the
+    global budget's holds, whichever rule took them, dry-run holds of a dry-run service included)
+    that the selector matches, plus the eligible nodes it matches that are already unschedulable or
+    NotReady. The percentage is of the eligible nodes it matches (not CPU-only, control-plane or
+    opted-out ones). Holds are not kept here: `check` and `usage` take the global budget's, so a
+    hold given back there is given back in every scope. Until `observe` first runs a scope covers
+    no node (a percentage admits none); the engine observes the nodes with every delivery that may
+    act, before it decides.
+    """
+
+    name = "budget"
+
+    def __init__(self, scopes: Mapping[str, tuple[LabelSelector | None, BudgetLimits]]) -> None:
+        self._scopes = {rule: _Scope(selector=sel, limits=limits) for rule, (sel, limits) in scopes.items()}
+
+    def __contains__(self, rule: str) -> bool:
+        return rule in self._scopes
+
+    def observe(self, nodes: Iterable[Node], settings: SafetySettings) -> None:
+        """Take each scope's nodes, and those already out of service, from the cluster as it is now."""
+        listed = list(nodes)
+        for scope in self._scopes.values():
+            sel = scope.selector
+            mine = [n for n in listed if sel is None or sel.matches(n.labels)]
+            scope.matched = {n.name for n in mine}
+            scope.covered = {n.name for n in mine if eligible(n, settings)}
+            scope.others = {
+                n.name: why for n in mine if n.name in scope.covered and (why := disrupted_reason(n))
+            }
+
+    @staticmethod
+    def _in_use(scope: _Scope, holds: Mapping[str, Hold]) -> int:
+        held = sum(1 for n in holds if n in scope.matched and n not in scope.others)
+        return len(scope.others) + held
+
+    def _disrupted(self, scope: _Scope, holds: Mapping[str, Hold]) -> dict[str, str]:
+        out = dict(scope.others)
+        for node, hold in holds.items():
+            if node in scope.matched:
+                out[node] = f"held by accel-health ({', '.join(sorted(hold.kinds)) or 'planned'})"
+        return out
+
+    @staticmethod
+    def _capacity(scope: _Scope) -> int:
+        limits = scope.limits
+        caps = []
+        if limits.max_disrupted_nodes is not None:
+            caps.append(limits.max_disrupted_nodes)
+        if limits.max_disrupted_percent is not None:
+            caps.append(math.floor(limits.max_disrupted_percent * len(scope.covered) / 100.0 + 1e-9))
+        return min(caps) if caps else len(scope.covered)
+
+    @classmethod
+    def _limit_text(cls, scope: _Scope) -> str:
+        cap = cls._capacity(scope)
+        limits = scope.limits
+        where = f"nodes {scope.selector}" if scope.selector is not None else "eligible nodes"
+        if limits.max_disrupted_percent is not None and cap != limits.max_disrupted_nodes:
+            return f"{cap} ({limits.max_disrupted_percent:g}% of {len(scope.covered)} {where}, rounded down)"
+        return f"{cap} among {len(scope.covered)} {where}"
+
+    def check(self, rule: str, node: str, holds: Mapping[str, Hold]) -> Verdict:
+        """May `node` be disrupted within `rule`'s budget, given the service's holds now? A rule
+        without a budget of its own is always allowed."""
+        scope = self._scopes.get(rule)
+        if scope is None:
+            return Verdict(True, self.name, f"rule {rule!r} has no budget of its own")
+        in_use = self._in_use(scope, holds)
+        if node in scope.others or (node in holds and node in scope.matched):
+            return Verdict(
+                True,
+                self.name,
+                f"rule {rule!r} budget: {node} already counted ({in_use} of {self._limit_text(scope)})",
+            )
+        if in_use < self._capacity(scope):
+            return Verdict(
+                True,
+                self.name,
+                f"rule {rule!r} budget: {in_use + 1} of {self._limit_text(scope)} after this one",
+            )
+        listed = ", ".join(f"{n} {why}" for n, why in sorted(self._disrupted(scope, holds).items()))
+        return Verdict(
+            False,
+            self.name,
+            f"rule {rule!r} budget exhausted: {in_use} of {self._limit_text(scope)} already out of "
+            f"service{f' ({listed})' if listed else ''}; re-evaluated when Alertmanager resends",
+        )
+
+    def describe(self, rule: str, holds: Mapping[str, Hold]) -> str:
+        """The rule's budget in use now, in words (for `explain`)."""
+        scope = self._scopes[rule]
+        return f"rule {rule!r} budget: {self._in_use(scope, holds)} of {self._limit_text(scope)} disrupted"
+
+    def usage(self, holds: Mapping[str, Hold]) -> dict[str, dict[str, Any]]:
+        """Rule -> its budget in use now (GET /state)."""
+        out = {}
+        for rule, scope in self._scopes.items():
+            disrupted = self._disrupted(scope, holds)
+            out[rule] = {
+                "selector": str(scope.selector) if scope.selector is not None else None,
+                "max_disrupted_nodes": scope.limits.max_disrupted_nodes,
+                "max_disrupted_percent": scope.limits.max_disrupted_percent,
+                "covered_nodes": len(scope.covered),
+                "in_use": len(disrupted),
+                "capacity": self._capacity(scope),
+                "disrupted": dict(sorted(disrupted.items())),
+            }
+        return out

@@ -17,7 +17,9 @@ writer was there: read again, merge, write again):
                                      "effect": "NoSchedule"}]},
      "decided":     ["9f86d081884c7d65", ...],
      "firing":      {"gpu-node-1": {"<fingerprint>": {"alertname": "...", "rule": "drain",
-                                                      "holds": ["cordon"], "expires": 1732327800.0}}}}
+                                                      "holds": ["cordon"], "expires": 1732327800.0}}},
+     "drains":      {"gpu-node-3": [<webhook alert>, ...]},
+     "held":        {"gpu-node-4": [{"rule": "pcie", "alert": <resolved webhook alert>}]}}
 
 Decisions taken in dry-run are remembered in memory only: they never reach the document, so a dry-run
 service writes nothing and a dry-run rule never uses up the real budget.
@@ -167,6 +169,10 @@ class GateState:
         self.drains: dict[str, list[dict[str, Any]]] = {}
         """Node -> the alerts (webhook documents) its running drain was started for, so that a new
         leader resumes the drains the previous one left running."""
+        self.held: dict[str, list[dict[str, Any]]] = {}
+        """Node -> the resolved alerts whose reversals (on_resolved) wait for other causes still
+        firing on the node, each {"rule": name, "alert": webhook document}: a new leader releases
+        them when the last cause resolves."""
 
     def to_document(self) -> dict[str, Any]:
         cordoned, tainted = self.ownership.to_state()
@@ -181,6 +187,7 @@ class GateState:
             "decided": self.decided.persisted(),
             "firing": self.firing.to_state(),
             "drains": {node: list(alerts) for node, alerts in self.drains.items()},
+            "held": {node: list(items) for node, items in self.held.items()},
         }
 
     def load_document(self, doc: Any) -> None:
@@ -223,6 +230,14 @@ class GateState:
         ):
             raise StateError("drains: expected a mapping of node to a list of alerts")
         self.drains = {str(node): [dict(a) for a in alerts] for node, alerts in drains.items()}
+        held = doc.get("held", {})
+        if not isinstance(held, Mapping) or not all(
+            isinstance(items, list)
+            and all(isinstance(i, Mapping) and isinstance(i.get("alert"), Mapping) for i in items)
+            for items in held.values()
+        ):
+            raise StateError("held: expected a mapping of node to a list of {rule, alert}")
+        self.held = {str(node): [dict(i) for i in items] for node, items in held.items()}
 
     def merge_unsaved(self, mine: GateState) -> None:
         """This state was just read back after another writer changed the stored document since
@@ -244,3 +259,5 @@ class GateState:
         self.firing.merge(mine.firing)
         for node, alerts in mine.drains.items():
             self.drains.setdefault(node, alerts)
+        for node, items in mine.held.items():
+            self.held.setdefault(node, items)

@@ -18,6 +18,12 @@ Every write is made so that it can be retried and never clobbers somebody else's
   gone or replaced; progress is kept in annotations, so a restarted (or newly elected) remediator
   resumes a half-done drain with the original deadline.
 
+Reads come from watch-backed caches (remediator.executors.watchcache), not a LIST per read: every
+node for as long as the service runs; while a drain of a node runs, that node's pods (LIST with
+`fieldSelector=spec.nodeName=…` once, then WATCH) and every PodDisruptionBudget (shared by the
+drains running at once). A LIST made for a plan (`list_pods`, `list_pdbs`) is where a drain that
+starts right after it begins its watch, so planning and draining a node cost one LIST of its pods.
+
 Transport failures, timeouts and 5xx answers are retried a few times and then raise
 `BackendUnavailable`: the webhook answers 503 and Alertmanager redelivers, and because every write
 checks the node's state first, a redelivery never does anything twice.
@@ -34,10 +40,10 @@ import os
 import random
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from kubernetes.aio import client as k8s
@@ -61,8 +67,8 @@ from remediator.cluster import (
     pdb_from_object,
     pod_from_object,
 )
-from remediator.drain import plan_drain
-from remediator.executors.nodecache import NodeCache
+from remediator.drain import DrainPlan, plan_drain
+from remediator.executors.watchcache import SharedWatch, WatchCache, namespaced_key
 from remediator.state import StateError
 
 logger = logging.getLogger("remediator.kubernetes")
@@ -124,6 +130,12 @@ PDB_API = "policy/v1 poddisruptionbudgets"
 STATE_KEY = "state.json"
 """The state ConfigMap's data key holding the gate-state document."""
 
+PRIMED_LIST_SECONDS = 5.0
+"""How long a LIST made for a plan may seed the watch of a drain that starts after it (the engine
+plans a drain, cordons, then starts it: well within this). Older ones are not used: the drain lists."""
+PRIMED_LISTS_KEPT = 64
+"""At most this many such LISTs are kept (the oldest go first)."""
+
 
 @dataclass(frozen=True)
 class KubernetesSettings:
@@ -147,6 +159,9 @@ class KubernetesSettings:
     """Namespace of the gate-state ConfigMap (the remediator's own)."""
     state_configmap: str = "accel-health-remediator-state"
     """Name of the ConfigMap holding the gate state (budget, breaker, idempotency keys, pause)."""
+    watch_seconds: int = 300
+    """Server-side timeout of one WATCH request (the caches' watches are started again from their
+    last resourceVersion when it ends)."""
 
 
 def _pick_kubeconfig(kubeconfig: Path | None, env: Mapping[str, str], sa_dir: Path) -> tuple[str | None, str]:
@@ -257,9 +272,20 @@ class KubernetesCluster:
         self._state_version: str | None = None  # resourceVersion of the state ConfigMap last read
         self.api_unavailable: dict[str, int] = {}
         """Optional API -> how often it answered 404 (not served by this API server); a metric."""
-        self.nodes = NodeCache(core=self._core, list_all=self._list_nodes_with_version)
+        self.nodes = WatchCache(
+            what="nodes",
+            list_all=self._list_nodes_with_version,
+            watch=self._core.list_node_without_preload_content,
+            watch_seconds=self.settings.watch_seconds,
+        )
         """The watch-backed node cache; reads come from it once `start_cache()` synced it."""
         self._cache_task: asyncio.Task[None] | None = None
+        self.pod_watches: dict[str, SharedWatch] = {}
+        """Node -> the watch of its pods, while a drain of it runs."""
+        self.pdb_watches: dict[str, SharedWatch] = {}
+        """The watch of every PodDisruptionBudget (key ""), while any drain runs."""
+        self._primed: dict[str, tuple[float, list[dict[str, Any]], str]] = {}
+        # LISTs just made for a plan: watch key -> (when, items, resourceVersion)
 
     # -- connecting ----------------------------------------------------------------------------
 
@@ -322,12 +348,16 @@ class KubernetesCluster:
         return await self.nodes.wait_synced(wait_seconds)
 
     async def close(self) -> None:
-        """Stop the node watch and close the HTTP connection pool."""
+        """Stop the watches and close the HTTP connection pool."""
         if self._cache_task is not None:
             self._cache_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._cache_task
             self._cache_task = None
+        for table in (self.pod_watches, self.pdb_watches):
+            for shared in list(table.values()):
+                await shared.stop()
+            table.clear()
         await self.api.close()  # type: ignore[no-untyped-call]  # untyped upstream
 
     # -- the request layer ---------------------------------------------------------------------
@@ -497,24 +527,6 @@ class KubernetesCluster:
         obj = await self._read_node_object(name)
         return dict((obj or {}).get("metadata", {}).get("annotations") or {})
 
-    async def _list_all(self, what: str, method: Callable[..., Awaitable[Any]], **kwargs: Any) -> list[Any]:
-        try:
-            return await self._call_list(what, method, **kwargs)
-        except ApiError as exc:
-            raise BackendUnavailable(f"Kubernetes API: {what}: {exc}") from exc
-
-    async def _call_list(self, what: str, method: Callable[..., Awaitable[Any]], **kwargs: Any) -> list[Any]:
-        """Every page of a list; ApiError as `_call` raises it."""
-        items: list[Any] = []
-        token: str | None = None
-        while True:
-            extra: dict[str, Any] = {"_continue": token} if token else {}
-            page = await self._call(what, method, limit=500, **kwargs, **extra)
-            items.extend(page.get("items") or [])
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return items
-
     def _api_missing(self, api: str, exc: ApiError) -> None:
         """An optional API this server does not serve: logged the first time, counted every time."""
         if api not in self.api_unavailable:
@@ -526,36 +538,130 @@ class KubernetesCluster:
             )
         self.api_unavailable[api] = self.api_unavailable.get(api, 0) + 1
 
-    async def _pod_objects(self, node: str) -> list[dict[str, Any]]:
-        return await self._list_all(
-            f"list pods on {node}",
-            self._core.list_pod_for_all_namespaces_without_preload_content,
-            field_selector=f"spec.nodeName={node}",
-        )
-
-    async def _list_nodes_with_version(self) -> tuple[list[dict[str, Any]], str]:
-        """Every node and the list's resourceVersion (where the node watch starts)."""
+    async def _list_with_version(
+        self, what: str, method: Callable[..., Awaitable[Any]], **kwargs: Any
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Every page of a list and the list's resourceVersion (where a watch starts); ApiError as
+        `_call` raises it."""
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:
             extra: dict[str, Any] = {"_continue": token} if token else {}
-            try:
-                page = await self._call(
-                    "list nodes", self._core.list_node_without_preload_content, limit=500, **extra
-                )
-            except ApiError as exc:
-                raise BackendUnavailable(f"Kubernetes API: list nodes: {exc}") from exc
+            page = await self._call(what, method, limit=500, **kwargs, **extra)
             items.extend(page.get("items") or [])
             meta = page.get("metadata") or {}
             token = meta.get("continue")
             if not token:
                 return items, str(meta.get("resourceVersion", ""))
 
+    async def _list_nodes_with_version(self) -> tuple[list[dict[str, Any]], str]:
+        """Every node and the list's resourceVersion (where the node watch starts)."""
+        try:
+            return await self._list_with_version("list nodes", self._core.list_node_without_preload_content)
+        except ApiError as exc:
+            raise BackendUnavailable(f"Kubernetes API: list nodes: {exc}") from exc
+
+    async def _list_pods_with_version(self, node: str) -> tuple[list[dict[str, Any]], str]:
+        """The node's pods (any namespace) and the list's resourceVersion."""
+        try:
+            return await self._list_with_version(
+                f"list pods on {node}",
+                self._core.list_pod_for_all_namespaces_without_preload_content,
+                field_selector=f"spec.nodeName={node}",
+            )
+        except ApiError as exc:
+            raise BackendUnavailable(f"Kubernetes API: list pods on {node}: {exc}") from exc
+
+    async def _list_pdbs_with_version(self) -> tuple[list[dict[str, Any]], str]:
+        """Every PodDisruptionBudget and the list's resourceVersion; ApiError(404) when the server
+        does not serve policy/v1, BackendUnavailable for anything else that fails."""
+        try:
+            return await self._list_with_version(
+                "list PodDisruptionBudgets",
+                self._policy.list_pod_disruption_budget_for_all_namespaces_without_preload_content,
+            )
+        except ApiError as exc:
+            if exc.status == 404:
+                raise
+            raise BackendUnavailable(f"Kubernetes API: list PodDisruptionBudgets: {exc}") from exc
+
+    # -- watches of drains ---------------------------------------------------------------------
+
+    def _prime(self, key: str, listed: tuple[list[dict[str, Any]], str]) -> None:
+        """Keep a LIST just made for a plan: a drain starting right after it watches from there."""
+        self._primed.pop(key, None)
+        self._primed[key] = (self._clock(), *listed)
+        while len(self._primed) > PRIMED_LISTS_KEPT:
+            del self._primed[next(iter(self._primed))]
+
+    def _take_primed(self, key: str) -> tuple[list[dict[str, Any]], str] | None:
+        entry = self._primed.pop(key, None)
+        if entry is None or self._clock() - entry[0] > PRIMED_LIST_SECONDS:
+            return None
+        return entry[1], entry[2]
+
+    def _pod_cache(self, node: str) -> WatchCache:
+        return WatchCache(
+            what=f"pods on {node}",
+            list_all=lambda: self._list_pods_with_version(node),
+            watch=self._core.list_pod_for_all_namespaces_without_preload_content,
+            watch_args={"field_selector": f"spec.nodeName={node}"},
+            key=namespaced_key,
+            watch_seconds=self.settings.watch_seconds,
+        )
+
+    def _pdb_cache(self) -> WatchCache:
+        return WatchCache(
+            what="PodDisruptionBudgets",
+            list_all=self._list_pdbs_with_version,
+            watch=self._policy.list_pod_disruption_budget_for_all_namespaces_without_preload_content,
+            key=namespaced_key,
+            watch_seconds=self.settings.watch_seconds,
+        )
+
+    @contextlib.asynccontextmanager
+    async def _watching(
+        self, table: dict[str, SharedWatch], key: str, primed: str, make: Callable[[], WatchCache]
+    ) -> AsyncIterator[WatchCache]:
+        """The shared watch `table[key]`, synced, while the block runs: started (from the LIST kept
+        under `primed`, or a LIST of its own) when nobody used it, stopped when the last user leaves."""
+        shared = table.get(key)
+        if shared is None:
+            shared = table[key] = SharedWatch(make())
+        shared.users += 1
+        try:
+            yield await shared.start(self._take_primed(primed))
+        finally:
+            shared.users -= 1
+            if shared.users == 0:
+                if table.get(key) is shared:
+                    del table[key]
+                await shared.stop()
+
+    def watching_pods(self, node: str) -> contextlib.AbstractAsyncContextManager[WatchCache]:
+        """The node's pods, watched while the block runs (a drain of the node)."""
+        return self._watching(self.pod_watches, node, f"pods/{node}", lambda: self._pod_cache(node))
+
+    def watching_pdbs(self) -> contextlib.AbstractAsyncContextManager[WatchCache]:
+        """Every PodDisruptionBudget, watched while the block runs (shared by the drains running).
+        Raises ApiError(404) when the server does not serve policy/v1."""
+        return self._watching(self.pdb_watches, "", "pdbs", self._pdb_cache)
+
+    async def _pod_objects(self, node: str) -> list[dict[str, Any]]:
+        """The node's pods: from the watch while a drain of the node runs, else one LIST (kept for a
+        drain that starts right after it)."""
+        shared = self.pod_watches.get(node)
+        if shared is not None and shared.running:
+            return shared.cache.objects()
+        listed = await self._list_pods_with_version(node)
+        self._prime(f"pods/{node}", listed)
+        return listed[0]
+
     async def list_nodes(self) -> list[Node]:
         try:
             if self.nodes.synced:
                 return self.nodes.converted(node_from_object)
-            objs = await self._list_all("list nodes", self._core.list_node_without_preload_content)
+            objs, _ = await self._list_nodes_with_version()
             return [node_from_object(o) for o in objs]
         except ObjectFormatError as exc:
             raise BackendUnavailable(f"a node has an unexpected shape: {exc}") from exc
@@ -567,7 +673,8 @@ class KubernetesCluster:
             raise BackendUnavailable(f"a pod on {node} has an unexpected shape: {exc}") from exc
 
     async def list_pdbs(self) -> list[PodDisruptionBudget]:
-        """Every PodDisruptionBudget; none when the API server does not serve policy/v1 (before 1.21).
+        """Every PodDisruptionBudget (from the watch while a drain runs, else one LIST); none when the
+        API server does not serve policy/v1 (before 1.21).
 
         Without the list a drain is still safe: every eviction goes through the Eviction API, and the
         API server enforces the budgets there (429 while a budget allows no disruption), so a pod a
@@ -575,16 +682,17 @@ class KubernetesCluster:
         then waits for the same 429s. The missing API is logged once and counted
         (accel_remediator_api_unavailable_total), never a 503 forever.
         """
-        try:
-            objs = await self._call_list(
-                "list PodDisruptionBudgets",
-                self._policy.list_pod_disruption_budget_for_all_namespaces_without_preload_content,
-            )
-        except ApiError as exc:
-            if exc.status != 404:
-                raise BackendUnavailable(f"Kubernetes API: list PodDisruptionBudgets: {exc}") from exc
-            self._api_missing(PDB_API, exc)
-            return []
+        shared = self.pdb_watches.get("")
+        if shared is not None and shared.running:
+            objs = shared.cache.objects()
+        else:
+            try:
+                listed = await self._list_pdbs_with_version()
+            except ApiError as exc:
+                self._api_missing(PDB_API, exc)
+                return []
+            self._prime("pdbs", listed)
+            objs = listed[0]
         try:
             return [pdb_from_object(o) for o in objs]
         except ObjectFormatError as exc:
@@ -938,44 +1046,63 @@ class KubernetesCluster:
         refuse before anything is evicted, as kubectl does (the node stays cordoned). Raises
         BackendUnavailable when the API is unreachable and NotLeader when leadership is lost; the
         annotations let the next attempt (here or on the new leader) resume with the same deadline.
+        The node's pods and the PodDisruptionBudgets are watched while it runs: the plan, the retries
+        and the wait for evicted pods read the watches, not the API.
         """
         self._ensure_leader(f"drain {node}")
-        obj, pod_objs, pdbs = await asyncio.gather(
-            self._read_node_object(node), self._pod_objects(node), self.list_pdbs()
-        )
-        if obj is None:
-            raise BackendUnavailable(f"drain {node}: node not found")
-        try:
-            pods = [pod_from_object(o) for o in pod_objs]
-        except ObjectFormatError as exc:
-            raise BackendUnavailable(f"a pod on {node} has an unexpected shape: {exc}") from exc
-        uids = {_pod_key(o): _uid(o) for o in pod_objs}
-        plan = plan_drain(
-            pods,
-            pdbs,
-            delete_emptydir_data=settings.delete_emptydir_data,
-            force_bare_pods=settings.force_bare_pods,
-        )
-        skipped = tuple(f"{p.namespace}/{p.name}" for p in plan.skip)
-        if plan.needs_permission:
-            await self._cordon_for_drain(node, obj, {})
-            blocked = tuple(BlockedPod(p.namespace, p.name, p.reason) for p in plan.needs_permission)
-            outcome = DrainOutcome(node, False, False, (), skipped, blocked, False, self._clock())
-            await self._finish_drain(node, outcome, status=None)
+        async with contextlib.AsyncExitStack() as stack:
+            # At once; every watch that started is in the stack before a failure ends the drain.
+            started = await asyncio.gather(
+                stack.enter_async_context(self.watching_pods(node)),
+                self._enter_pdb_watch(stack),
+                self._read_node_object(node),
+                return_exceptions=True,
+            )
+            pod_cache, pdb_cache, obj = _all_or_raise(*started)
+            if obj is None:
+                raise BackendUnavailable(f"drain {node}: node not found")
+            pod_objs = pod_cache.objects()
+            uids = {_pod_key(o): _uid(o) for o in pod_objs}
+            plan = _plan(node, pod_objs, pdb_cache, settings)
+            skipped = tuple(f"{p.namespace}/{p.name}" for p in plan.skip)
+            if plan.needs_permission:
+                await self._cordon_for_drain(node, obj, {})
+                blocked = tuple(BlockedPod(p.namespace, p.name, p.reason) for p in plan.needs_permission)
+                outcome = DrainOutcome(node, False, False, (), skipped, blocked, False, self._clock())
+                await self._finish_drain(node, outcome, status=None)
+                return outcome
+            deadline, resumed, stamp = self._drain_window(obj, settings.timeout_seconds)
+            await self._cordon_for_drain(node, obj, stamp)
+            targets = [(p.namespace, p.name) for p in (*plan.evict, *plan.waiting_on_pdb)]
+            known = {(p.namespace, p.name) for p in (*plan.evict, *plan.skip, *plan.blocked)}
+            run = _DrainRun(
+                self,
+                node=node,
+                settings=settings,
+                deadline=deadline,
+                uids=uids,
+                pods=pod_cache,
+                pdbs=pdb_cache,
+                known=known,
+            )
+            blocked_list = await run.execute(targets)
+            evicted = tuple(f"{ns}/{name}" for ns, name in run.targets if (ns, name) in run.gone)
+            timed_out = bool(blocked_list) and not run.refused
+            outcome = DrainOutcome(
+                node, not blocked_list, timed_out, evicted, skipped, tuple(blocked_list), resumed, deadline
+            )
+            status = "refused" if run.refused else ("timed-out" if timed_out else "done")
+            await self._finish_drain(node, outcome, status=status)
             return outcome
-        deadline, resumed, stamp = self._drain_window(obj, settings.timeout_seconds)
-        await self._cordon_for_drain(node, obj, stamp)
-        targets = [(p.namespace, p.name) for p in (*plan.evict, *plan.waiting_on_pdb)]
-        run = _DrainRun(self, node=node, settings=settings, deadline=deadline, uids=uids)
-        blocked_list = await run.execute(targets)
-        evicted = tuple(f"{ns}/{name}" for ns, name in targets if (ns, name) in run.gone)
-        timed_out = bool(blocked_list) and not run.refused
-        outcome = DrainOutcome(
-            node, not blocked_list, timed_out, evicted, skipped, tuple(blocked_list), resumed, deadline
-        )
-        status = "refused" if run.refused else ("timed-out" if timed_out else "done")
-        await self._finish_drain(node, outcome, status=status)
-        return outcome
+
+    async def _enter_pdb_watch(self, stack: contextlib.AsyncExitStack) -> WatchCache | None:
+        """The PodDisruptionBudgets' watch for the rest of the drain; None when the server does not
+        serve policy/v1 (the evictions still honour the budgets: the server enforces them)."""
+        try:
+            return await stack.enter_async_context(self.watching_pdbs())
+        except ApiError as exc:  # 404 only: anything else is BackendUnavailable already
+            self._api_missing(PDB_API, exc)
+            return None
 
     async def _finish_drain(self, node: str, outcome: DrainOutcome, *, status: str | None) -> None:
         if status is not None:
@@ -988,8 +1115,39 @@ class KubernetesCluster:
         logger.info("%s: %s", node, outcome.summary())
 
 
+_A = TypeVar("_A")
+_B = TypeVar("_B")
+_C = TypeVar("_C")
+
+
+def _all_or_raise(a: _A | BaseException, b: _B | BaseException, c: _C | BaseException) -> tuple[_A, _B, _C]:
+    """The results of a gather(return_exceptions=True), or the first exception among them."""
+    for result in (a, b, c):
+        if isinstance(result, BaseException):
+            raise result
+    return a, b, c  # type: ignore[return-value]  # none is an exception: checked just above
+
+
+def _plan(
+    node: str, pod_objs: list[dict[str, Any]], pdbs: WatchCache | None, settings: DrainSettings
+) -> DrainPlan:
+    """The drain plan of these pods under the watched budgets (none when policy/v1 is not served)."""
+    try:
+        pods = [pod_from_object(o) for o in pod_objs]
+        budgets = [pdb_from_object(o) for o in pdbs.objects()] if pdbs is not None else []
+    except ObjectFormatError as exc:
+        raise BackendUnavailable(f"a pod on {node} or a budget has an unexpected shape: {exc}") from exc
+    return plan_drain(
+        pods,
+        budgets,
+        delete_emptydir_data=settings.delete_emptydir_data,
+        force_bare_pods=settings.force_bare_pods,
+    )
+
+
 class _DrainRun:
-    """One drain's evictions (bounded concurrency) and the wait for evicted pods to go."""
+    """One drain's evictions (bounded concurrency) and the wait for evicted pods to go, reading the
+    watches of the node's pods and of the PodDisruptionBudgets."""
 
     def __init__(
         self,
@@ -999,41 +1157,86 @@ class _DrainRun:
         settings: DrainSettings,
         deadline: float,
         uids: dict[tuple[str, str], str],
+        pods: WatchCache,
+        pdbs: WatchCache | None,
+        known: set[tuple[str, str]],
     ) -> None:
         self.cluster = cluster
         self.node = node
         self.settings = settings
         self.deadline = deadline
         self.uids = uids
+        self.pods = pods
+        self.pdbs = pdbs
+        self.known = known
+        """Pods the plan placed (evict, skip or blocked); a pod the watch shows beside them arrived
+        after the plan's LIST and is planned in a later round."""
+        self.targets: list[tuple[str, str]] = []
+        """Every pod this drain tried to evict, in order."""
         self.gone: set[tuple[str, str]] = set()
         self.waiting: dict[tuple[str, str], str] = {}  # evicted, not yet gone -> why we wait
         self.semaphore = asyncio.Semaphore(max(1, settings.concurrency))
         self.refused = False
         """An eviction was refused (403, admission): the drain ends as refused, not timed out."""
         self.evicting_done = asyncio.Event()
+        self.wake = asyncio.Event()  # an eviction was accepted, or the last one ended
 
     def _remaining(self) -> float:
         return self.deadline - self.cluster._clock()
 
     async def execute(self, targets: list[tuple[str, str]]) -> list[BlockedPod]:
-        """Evict every target and wait for them to go; the pods left when the deadline passed."""
+        """Evict every target and wait for them to go, then the pods that arrived after the plan's
+        LIST (as the watch shows them), until none is left; the pods left when the deadline passed."""
+        blocked: list[BlockedPod] = []
+        while True:
+            if targets:
+                blocked += await self._round(targets)
+            if self._remaining() <= 0 or self.refused:
+                break
+            targets = self._late_targets()
+            if not targets:
+                break
+        blocked += [BlockedPod(ns, name, why) for (ns, name), why in sorted(self.waiting.items())]
+        return blocked
+
+    async def _round(self, targets: list[tuple[str, str]]) -> list[BlockedPod]:
+        self.targets += targets
+        self.evicting_done.clear()
         waiter = asyncio.create_task(self._wait_for_pods())
         evictions = [asyncio.create_task(self._evict_one(ns, name)) for ns, name in targets]
         try:
-            if evictions:
-                done, _ = await asyncio.wait(evictions, return_when=asyncio.FIRST_EXCEPTION)
+            pending: set[asyncio.Task[Any]] = {*evictions, waiter}
+            while not all(task.done() for task in evictions):  # the waiter fails early on a broken watch
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     if task.exception() is not None:
                         raise task.exception()  # type: ignore[misc]  # checked not None just above
             self.evicting_done.set()
+            self.wake.set()
             await waiter
         finally:
             for task in (*evictions, waiter):
                 task.cancel()
             await asyncio.gather(*evictions, waiter, return_exceptions=True)
-        blocked = [b for b in (t.result() for t in evictions) if b is not None]
-        blocked += [BlockedPod(ns, name, why) for (ns, name), why in sorted(self.waiting.items())]
-        return blocked
+        return [b for b in (t.result() for t in evictions) if b is not None]
+
+    def _late_targets(self) -> list[tuple[str, str]]:
+        """Pods on the node the plan did not know that a drain evicts (or that wait on a budget).
+
+        The plan may come from a LIST made moments before the node was cordoned; whatever was bound
+        to the node in between arrives through the watch. Pods needing permission are left, as any
+        pod that arrives after kubectl's LIST is.
+        """
+        fresh = [o for o in self.pods.objects() if _pod_key(o) not in self.known]
+        if not fresh:
+            return []
+        plan = _plan(self.node, fresh, self.pdbs, self.settings)
+        self.known |= {(p.namespace, p.name) for p in (*plan.evict, *plan.skip, *plan.blocked)}
+        self.uids |= {_pod_key(o): _uid(o) for o in fresh}
+        late = [(p.namespace, p.name) for p in (*plan.evict, *plan.waiting_on_pdb)]
+        if late:
+            logger.info("%s: %d pod(s) arrived after the plan; evicting them too", self.node, len(late))
+        return late
 
     async def _evict_one(self, namespace: str, name: str) -> BlockedPod | None:
         delay = self.settings.backoff_initial_seconds
@@ -1066,33 +1269,77 @@ class _DrainRun:
                 self.waiting[(namespace, name)] = "evicted, still terminating" + (
                     f" (grace period {grace}s)" if grace is not None else " (the pod's own grace period)"
                 )
+                self.wake.set()
                 return None
             last = said
             pause = min(delay * (0.5 + random.random()), max(0.0, self._remaining()))  # noqa: S311  jitter
-            logger.info("%s/%s: %s; retrying in %.1fs", namespace, name, said, pause)
-            await asyncio.sleep(pause)
+            logger.info("%s/%s: %s; retrying in %.1fs at most", namespace, name, said, pause)
+            if result is EvictionResult.REFUSED_BY_PDB:
+                await self._wait_for_budget(namespace, name, pause)
+            else:
+                await asyncio.sleep(pause)
             delay = min(delay * 2, self.settings.backoff_max_seconds)
 
-    async def _wait_for_pods(self) -> None:
-        """List the node's pods (one request for all) until every evicted pod is gone or replaced.
+    async def _wait_for_budget(self, namespace: str, name: str, pause: float) -> None:
+        """Up to `pause`, less when the watch shows the pod's budget allowing a disruption again."""
+        if self.pdbs is None:
+            await asyncio.sleep(pause)
+            return
+        loop = asyncio.get_running_loop()
+        end = loop.time() + pause
+        while (left := end - loop.time()) > 0:
+            if not await self.pdbs.wait_change(left):
+                return
+            if self._budget_allows(namespace, name):
+                return
 
-        Lists at most once per poll interval while evictions go on, and once more as soon as the
-        last eviction was accepted.
+    def _budget_allows(self, namespace: str, name: str) -> bool:
+        """The watched budgets let an eviction of the pod through now (or it is gone: try, get 404)."""
+        assert self.pdbs is not None
+        obj = self.pods.get((namespace, name))
+        if obj is None:
+            return True
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        matching = []
+        for raw in self.pdbs.objects():
+            if (raw.get("metadata") or {}).get("namespace") != namespace:
+                continue
+            try:
+                budget = pdb_from_object(raw)
+            except ObjectFormatError:
+                continue  # the eviction's answer tells
+            if budget.selector.matches(labels):
+                matching.append(budget)
+        return len(matching) == 1 and matching[0].disruptions_allowed > 0
+
+    async def _wait_for_pods(self) -> None:
+        """Until every evicted pod is gone or replaced, as the pod watch shows it (or the deadline).
+
+        Looks again at each change the watch delivers, each accepted eviction, and at least every
+        poll interval; none of it is a request. Raises BackendUnavailable when the watch is broken
+        (the API does not answer it, nor the LIST after it): the drain does not wait on a stale view.
         """
         while True:
+            changed = self.pods.next_change()
+            if self.pods.broken:
+                raise BackendUnavailable(
+                    f"Kubernetes API: the watch of the pods on {self.node} fails ({self.pods.last_error}); "
+                    "the drain goes on with the next attempt"
+                )
+            for key in list(self.waiting):
+                obj = self.pods.get(key)
+                if obj is None or _uid(obj) != self.uids.get(key, _uid(obj)):
+                    del self.waiting[key]
+                    self.gone.add(key)
             if self.evicting_done.is_set() and (not self.waiting or self._remaining() <= 0):
                 return
-            if self.waiting:
-                present = {_pod_key(o): _uid(o) for o in await self.cluster._pod_objects(self.node)}
-                for key in list(self.waiting):
-                    if key not in present or present[key] != self.uids.get(key, present[key]):
-                        del self.waiting[key]
-                        self.gone.add(key)
-                if self.evicting_done.is_set() and not self.waiting:
-                    return
             pause = max(0.01, min(self.settings.poll_interval_seconds, self._remaining()))
-            if self.evicting_done.is_set():
-                await asyncio.sleep(pause)
-                continue
-            with contextlib.suppress(TimeoutError):  # wakes early when the last eviction is accepted
-                await asyncio.wait_for(self.evicting_done.wait(), timeout=pause)
+            woken = asyncio.ensure_future(self.wake.wait())
+            seen = asyncio.ensure_future(changed.wait())
+            try:
+                await asyncio.wait((woken, seen), timeout=pause, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
+                seen.cancel()
+                await asyncio.gather(woken, seen, return_exceptions=True)
+            self.wake.clear()

@@ -449,9 +449,9 @@ EXPECTED_RBAC = {
     ("ClusterRole", "accel-health-remediator"): {
         ("", "nodes"): {"get", "list", "patch", "watch"},
         ("", "nodes/status"): {"patch"},
-        ("", "pods"): {"list"},
+        ("", "pods"): {"list", "watch"},
         ("", "pods/eviction"): {"create"},
-        ("policy", "poddisruptionbudgets"): {"list"},
+        ("policy", "poddisruptionbudgets"): {"list", "watch"},
     },
     ("Role", "accel-health-remediator"): {
         ("coordination.k8s.io", "leases"): {"get", "create", "update", "patch"},

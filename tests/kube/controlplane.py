@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,6 +130,8 @@ class ControlPlane:
     """An admin kubeconfig (kubectl, kube-controller-manager)."""
     processes: list[Process] = field(default_factory=list)
     extra_ips: tuple[str, ...] = ()
+    etcd: str = ""
+    """http://127.0.0.1:PORT of etcd's client endpoint (its v3 HTTP gateway answers there too)."""
 
     @property
     def admin(self) -> Rest:
@@ -218,9 +221,12 @@ def _kubeconfig(path: Path, *, server: str, ca: Path, token: str) -> None:
     path.chmod(0o600)
 
 
-def start_control_plane(workdir: Path, *, extra_ips: tuple[str, ...] = ()) -> ControlPlane:
+def start_control_plane(
+    workdir: Path, *, extra_ips: tuple[str, ...] = (), apiserver_args: tuple[str, ...] = ()
+) -> ControlPlane:
     """Starts etcd, kube-apiserver and kube-controller-manager; returns once the API answers and the
-    controllers have made the default ServiceAccount. `extra_ips` go into the serving certificate."""
+    controllers have made the default ServiceAccount. `extra_ips` go into the serving certificate;
+    `apiserver_args` are added to kube-apiserver's."""
     bins = find_binaries()
     workdir.mkdir(parents=True, exist_ok=True)
     pki = write_pki(workdir / "pki", ips=extra_ips)
@@ -243,6 +249,7 @@ def start_control_plane(workdir: Path, *, extra_ips: tuple[str, ...] = ()) -> Co
         admin_token=token,
         kubeconfig=kubeconfig,
         extra_ips=extra_ips,
+        etcd=f"http://127.0.0.1:{etcd_client}",
     )
     try:
         plane.processes.append(
@@ -294,6 +301,7 @@ def start_control_plane(workdir: Path, *, extra_ips: tuple[str, ...] = ()) -> Co
                     f"--audit-log-path={workdir / 'audit.log'}",
                     "--audit-log-format=json",
                     "--audit-log-mode=blocking",
+                    *apiserver_args,
                 ],
                 log_dir=workdir,
             )
@@ -344,12 +352,32 @@ def start_control_plane(workdir: Path, *, extra_ips: tuple[str, ...] = ()) -> Co
 
 
 @contextlib.contextmanager
-def control_plane(workdir: Path, *, extra_ips: tuple[str, ...] = ()) -> Iterator[ControlPlane]:
-    plane = start_control_plane(workdir, extra_ips=extra_ips)
+def control_plane(
+    workdir: Path, *, extra_ips: tuple[str, ...] = (), apiserver_args: tuple[str, ...] = ()
+) -> Iterator[ControlPlane]:
+    plane = start_control_plane(workdir, extra_ips=extra_ips, apiserver_args=apiserver_args)
     try:
         yield plane
     finally:
         plane.stop()
+
+
+def compact_etcd(plane: ControlPlane) -> int:
+    """Compact etcd to its current revision (through its v3 HTTP gateway), as the API server's own
+    compactor does every few minutes: a watch from an older resourceVersion is answered 410 Gone.
+    Returns the revision compacted to."""
+
+    def post(path: str, body: Obj) -> Obj:
+        url = plane.etcd + path  # http://127.0.0.1:PORT of the etcd this harness started
+        data = json.dumps(body).encode()
+        request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})  # noqa: S310  http, ours
+        with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310  http, ours
+            result: Obj = json.loads(answer.read())
+            return result
+
+    revision = int(post("/v3/kv/range", {"key": base64.b64encode(b"/").decode()})["header"]["revision"])
+    post("/v3/kv/compaction", {"revision": str(revision), "physical": True})
+    return revision
 
 
 def forget_remediation(plane: ControlPlane, *, namespace: str, state_configmap: str) -> None:

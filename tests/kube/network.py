@@ -4,7 +4,9 @@
   passes every request through with the caller's own token (so RBAC is the API server's, on the
   caller's identity) and bridges one version skew of the 1.20 server: policy/v1 (PodDisruptionBudget,
   Eviction) is served there only as policy/v1beta1, so those requests are rewritten to v1beta1 and the
-  answers back to v1. The product keeps speaking policy/v1, as it must on current clusters.
+  answers back to v1 (a watch's events one line at a time, as they come). The product keeps speaking
+  policy/v1, as it must on current clusters. A client that goes away ends its request upstream too,
+  so a watch it closed ends at the API server at once, as it would without the proxy.
 - `ServiceProxy`: kube-proxy for one Service: connections to a loopback port go to one of the
   Service's ready endpoints (the endpoints controller fills them from pod readiness), like a ClusterIP.
 """
@@ -73,7 +75,8 @@ class SkewProxy:
         app = web.Application(client_max_size=16 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         # Watches stream for minutes: on stop, cut them after a second instead of waiting for them.
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        # A client that disconnects cancels its handler, which closes the upstream request.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0, handler_cancellation=True)
         await self._runner.setup()
         serving = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         serving.load_cert_chain(str(self.cert_file), str(self.key_file))
@@ -104,15 +107,19 @@ class SkewProxy:
         async with self._session.request(request.method, url, headers=headers, data=body or None) as up:
             self.requests.append((request.method, request.path, up.status))
             out_headers = {k: v for k, v in up.headers.items() if k.lower() not in _HOP_HEADERS}
-            if skewed or "watch" not in request.query:
+            if "watch" not in request.query:
                 data = await up.read()
                 if skewed:
                     data = data.replace(b'"policy/v1beta1"', b'"policy/v1"')
                 return web.Response(status=up.status, headers=out_headers, body=data)
             response = web.StreamResponse(status=up.status, headers=out_headers)
             await response.prepare(request)
-            async for chunk in up.content.iter_any():
-                await response.write(chunk)
+            if skewed:  # one event per line: rewritten whole, never split across chunks
+                async for line in up.content:
+                    await response.write(line.replace(b'"policy/v1beta1"', b'"policy/v1"'))
+            else:
+                async for chunk in up.content.iter_any():
+                    await response.write(chunk)
             await response.write_eof()
             return response
 

@@ -5,10 +5,10 @@ A bare control plane with the kubelet stand-in; the engine runs over the real Ku
 managedFields, PodDisruptionBudgets and RBAC refusals are the API server's own. Covered: a replica
 that becomes leader reads the gates again (pause and budget survive a fail-over) and a stale writer
 meets a conflict instead of overwriting; one alert's resolve does not undo a hold another alert still
-firing asks for; a drain deadline does not override a PodDisruptionBudget, and an eviction answered
-403 is a refusal, not retried; a human's uncordon + re-cordon is never undone, and a cordon made by
-someone else between the read and the write is not claimed; a follower neither shows nor changes
-the gates.
+firing asks for, and a reversal held so is released by the next leader; a drain deadline does not
+override a PodDisruptionBudget, and an eviction answered 403 is a refusal, not retried; a human's
+uncordon + re-cordon is never undone, and a cordon made by someone else between the read and the
+write is not claimed; a follower neither shows nor changes the gates.
 """
 
 from __future__ import annotations
@@ -244,6 +244,37 @@ async def test_one_alerts_resolve_does_not_undo_a_hold_another_alert_still_firin
     assert condition(plane, "gpu-2") == "True"
 
 
+async def test_a_reversal_held_by_another_cause_is_released_by_the_next_leader(
+    plane: ControlPlane, fresh: None
+) -> None:
+    leading = {"a": True, "b": False}
+    a_cluster = cluster_for(plane, should_act=lambda: leading["a"])
+    b_cluster = cluster_for(plane, should_act=lambda: leading["b"])
+    a, b = engine_over(a_cluster, TWO_CAUSES), engine_over(b_cluster, TWO_CAUSES)
+    pcie, fatal = alert("gpu-3", name="AccelPCIeErrors"), alert("gpu-3")
+    try:
+        await b.start()
+        await a.handle(webhook(pcie, fatal))
+        await a.handle(webhook({**pcie, "status": "resolved"}, fatal))  # held: the fatal Xid fires
+        assert cordoned(plane) == ["gpu-3"]
+        assert "gpu-3" in stored_state(plane)["held"]
+
+        leading.update(a=False, b=True)  # fail-over while the PCIe reversal is held
+        b.became_leader()
+        await b.sync()
+        await b.handle(webhook({**fatal, "status": "resolved"}))  # the last cause resolves
+    finally:
+        await a_cluster.close()
+        await b_cluster.close()
+    assert cordoned(plane) == []
+    assert condition(plane, "gpu-3") == "True"
+    assert [(r.action, r.outcome) for r in b.log.records() if r.status == "resolved"][-2:] == [
+        ("uncordon", "done"),
+        ("condition", "done"),
+    ]
+    assert stored_state(plane)["held"] == {}
+
+
 # -- 5: drain deadline and refusals ---------------------------------------------------------------
 
 REPLACE = """
@@ -355,8 +386,8 @@ def narrow_service_account(plane: ControlPlane) -> str:
     rules: list[Obj] = [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
-        {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["list"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["list", "watch"]},
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     ]

@@ -10,6 +10,10 @@ objects the way kube-apiserver does for the few resources the remediator touches
   `type`, as the Node schema's patchMergeKey says; the `status` subresource only changes status and
   the main resource never does;
 - `fieldSelector` on lists (`spec.nodeName=…`, `involvedObject.name=…`);
+- watches (`?watch=true`): from `resourceVersion` on (every change since, then each as it happens;
+  from "" or "0": the current objects as ADDED first), narrowed by namespace and `fieldSelector`,
+  ended after `timeoutSeconds`; `compact()` forgets the changes so far, as etcd's compaction does, so
+  a watch from an older version is answered with a 410 Gone ERROR event;
 - the policy/v1 Eviction subresource: 404 for a missing pod, 500 when several PodDisruptionBudgets
   match, 429 while the matching budget allows no disruption (terminal pods excepted); an eviction
   spends one disruption and deletes the pod after `termination_seconds`, optionally replacing it
@@ -27,7 +31,7 @@ import datetime
 import itertools
 import ssl
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -56,6 +60,7 @@ KINDS = {
 }
 
 Key = tuple[str, str, str]  # (plural, namespace or "", name)
+Change = tuple[int, str, str, dict[str, Any]]  # (resourceVersion, plural, ADDED/MODIFIED/DELETED, object)
 
 
 def _now() -> str:
@@ -137,6 +142,11 @@ class FakeApiServer(KubernetesScaffold):
     """Eviction requests being served right now."""
     max_evictions_in_flight: int = attrs.field(default=0, init=False)
     """The most eviction requests ever served at once (bounded concurrency shows here)."""
+    changes: list[Change] = attrs.field(factory=list, init=False)
+    """(resourceVersion, plural, ADDED/MODIFIED/DELETED, object) of every change, oldest first."""
+    compacted: int = attrs.field(default=0, init=False)
+    """Watches from a resourceVersion older than this are answered 410 Gone."""
+    _watchers: set[asyncio.Queue[Change | None]] = attrs.field(factory=set, init=False)
     _versions: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1000), init=False)
     _tasks: set[asyncio.Task[None]] = attrs.field(factory=set, init=False)
     _own: Any = attrs.field(default=None, init=False)
@@ -150,8 +160,10 @@ class FakeApiServer(KubernetesScaffold):
         # kmock matches a request against every reaction's view of all past requests, which costs
         # O(requests) each; with no reaction of the test's own in front, serve the store directly
         # (the benchmark's 110-pod drain would otherwise measure kmock's matching).
-        if self._is_served(request) and not any(
-            p is not self._own and (p.priorities or (0,))[:1] >= (0,) for p in self._payloads
+        if (
+            self._is_served(request)
+            and not _is_watch(request)
+            and not any(p is not self._own and (p.priorities or (0,))[:1] >= (0,) for p in self._payloads)
         ):
             try:
                 return aiohttp.web.json_response(await self._serve(request))
@@ -188,8 +200,25 @@ class FakeApiServer(KubernetesScaffold):
         pdb.setdefault("status", {})["disruptionsAllowed"] = allowed
         self._stamp(pdb, new=False)
 
+    def compact(self) -> int:
+        """Forget every change so far, as etcd's compaction does: a watch from an older
+        resourceVersion is answered 410 Gone. Returns the version compacted to."""
+        self.compacted = next(self._versions)
+        self.changes.clear()
+        return self.compacted
+
+    def remove(self, plural: str, name: str, namespace: str = "") -> None:
+        """Another client deletes an object (a watch sees DELETED)."""
+        self._remove((plural, namespace, name))
+
+    def end_watches(self) -> None:
+        """End every watch being served (as a restarting API server does); clients watch again."""
+        for queue in self._watchers:
+            queue.put_nowait(None)
+
     async def aclose(self) -> None:
-        """Cancel pending pod terminations."""
+        """End the watches and cancel pending pod terminations."""
+        self.end_watches()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -197,19 +226,93 @@ class FakeApiServer(KubernetesScaffold):
     # -- the store -----------------------------------------------------------------------------
 
     def _stamp(self, obj: dict[str, Any], *, new: bool) -> dict[str, Any]:
+        """A new resourceVersion (and for a new object its uid), and the change for the watches."""
         meta = obj.setdefault("metadata", {})
         meta["resourceVersion"] = str(next(self._versions))
         if new:
             meta["uid"] = str(uuid.uuid4())
             meta.setdefault("creationTimestamp", _now())
+        self._changed(obj, "ADDED" if new else "MODIFIED")
         return obj
+
+    def _remove(self, key: Key) -> dict[str, Any] | None:
+        obj = self.store.pop(key, None)
+        if obj is not None:
+            obj["metadata"]["resourceVersion"] = str(next(self._versions))
+            self._changed(obj, "DELETED")
+        return obj
+
+    def _changed(self, obj: Mapping[str, Any], kind: str) -> None:
+        plural = next((p for p, k in KINDS.items() if k == obj.get("kind")), None)
+        if plural is None:
+            return
+        change = (int(obj["metadata"]["resourceVersion"]), plural, kind, copy.deepcopy(dict(obj)))
+        self.changes.append(change)
+        for queue in self._watchers:
+            queue.put_nowait(change)
+
+    def _backlog(self, wanted: Callable[[Change], bool], since: str) -> list[dict[str, Any]]:
+        """What a watch from `since` sends first: the current objects ("" or "0"), every change after
+        `since`, or a 410 Gone ERROR when `since` was compacted away."""
+        if since in ("", "0"):
+            objs = [obj for (plural, _, _), obj in self.store.items() if wanted((0, plural, "ADDED", obj))]
+            return [{"type": "ADDED", "object": copy.deepcopy(obj)} for obj in objs]
+        if int(since) < self.compacted:
+            gone = f"too old resource version: {since} ({self.compacted})"
+            status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": gone}
+            return [{"type": "ERROR", "object": {**status, "reason": "Expired", "code": 410}}]
+        return [{"type": c[2], "object": c[3]} for c in self.changes if c[0] > int(since) and wanted(c)]
+
+    async def _watch(self, request: kmock.Request, plural: str, namespace: str) -> AsyncIterator[Any]:
+        """A watch stream: kmock sends each yielded event as one JSON line."""
+        yield b""  # the answer's headers go out now, as kube-apiserver's do
+        selector = request.params.get("fieldSelector", "")
+        timeout = float(request.params.get("timeoutSeconds") or 1800)
+        raw = request._raw_request
+
+        def wanted(change: Change) -> bool:
+            obj = change[3]
+            ns = str(obj["metadata"].get("namespace") or "")
+            return (
+                change[1] == plural
+                and (not namespace or ns == namespace)
+                and field_selector_matches(obj, selector)
+            )
+
+        queue: asyncio.Queue[Change | None] = asyncio.Queue()
+        self._watchers.add(queue)  # with the backlog taken at once: no change is lost or sent twice
+        try:
+            for event in self._backlog(wanted, request.params.get("resourceVersion", "")):
+                yield event
+                if event["type"] == "ERROR":
+                    return
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while (left := deadline - loop.time()) > 0:
+                if raw is not None and (raw.transport is None or raw.transport.is_closing()):
+                    return  # the client went away
+                try:
+                    change = await asyncio.wait_for(queue.get(), timeout=min(left, 0.2))
+                except TimeoutError:
+                    continue
+                if change is None:  # the server stops
+                    return
+                if wanted(change):
+                    yield {"type": change[2], "object": change[3]}
+        finally:
+            self._watchers.discard(queue)
 
     @staticmethod
     def _is_served(request: kmock.Request) -> bool:
         res = request.resource
         return res is not None and (res.group, res.version, res.plural) in SERVED
 
-    async def _serve(self, request: kmock.Request) -> dict[str, Any]:
+    async def _serve(self, request: kmock.Request) -> Any:
+        if _is_watch(request):
+            res = request.resource
+            assert res is not None
+            assert res.plural is not None
+            return self._watch(request, res.plural, request.namespace or "")
         if request.subresource != "eviction":
             if self.latency_seconds:
                 await asyncio.sleep(self.latency_seconds)
@@ -259,7 +362,7 @@ class FakeApiServer(KubernetesScaffold):
                 raise status_error(415, "UnsupportedMediaType", f"patch type {ctype!r} is not served")
             return self._write(key, current, request.data, sub=sub, mode=mode)
         if method == "DELETE":
-            del self.store[key]
+            self._remove(key)
             return {"kind": "Status", "apiVersion": "v1", "status": "Success"}
         raise status_error(405, "MethodNotAllowed", method)
 
@@ -354,6 +457,7 @@ class FakeApiServer(KubernetesScaffold):
                         f"The disruption budget {pdb_name} needs more healthy pods.",
                     )
                 status["disruptionsAllowed"] = int(status["disruptionsAllowed"]) - 1
+                self._stamp(budgets[0], new=False)
         self.evictions.append((namespace, name, 201))
         grace = (body.get("deleteOptions") or {}).get("gracePeriodSeconds")
         pod["metadata"]["deletionTimestamp"] = _now()
@@ -373,12 +477,16 @@ class FakeApiServer(KubernetesScaffold):
         self._finish_termination(key)
 
     def _finish_termination(self, key: Key) -> None:
-        pod = self.store.pop(key, None)
+        pod = self._remove(key)
         if pod is not None and self.replace_evicted:
             fresh = copy.deepcopy(pod)
             fresh["metadata"].pop("deletionTimestamp", None)
             fresh["metadata"].pop("deletionGracePeriodSeconds", None)
             self.store[key] = self._stamp(fresh, new=True)
+
+
+def _is_watch(request: kmock.Request) -> bool:
+    return request.name is None and request.params.get("watch") in ("true", "1")
 
 
 def _selects(pdb: Mapping[str, Any], labels: Mapping[str, str]) -> bool:

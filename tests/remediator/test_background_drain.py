@@ -308,6 +308,7 @@ async def test_an_api_outage_mid_drain_is_recorded_and_the_next_delivery_starts_
         try:
             assert await live.post(alert_body()) == 200
             down["now"] = True
+            api.end_watches()  # the drain's watch of the pods breaks, and neither it nor a LIST comes back
             await wait_until(lambda: len(drain_records(live.engine)) == 2)
             assert live.aws.calls == []
             await wait_until(lambda: api.stored("pods", "worker-0", "training") is None)  # it terminated

@@ -1,5 +1,6 @@
-"""Policy parsing and validation (rules, actions, the safety section), Alertmanager matcher semantics,
-and the shipped default policy."""
+"""Policy parsing and validation (rules, actions, the safety section, node selectors and a rule's own
+budget), Alertmanager matcher semantics, Kubernetes label-selector semantics, which rule an alert gets
+on which node, and the shipped default policy."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from remediator.cluster import LabelRequirement, LabelSelector, Node
 from remediator.policy import (
     AddTaint,
     AwsSetUnhealthy,
@@ -20,7 +22,7 @@ from remediator.policy import (
     parse_policy,
 )
 from remediator.repairpolicy import RepairSettings
-from remediator.safety import RateLimit, StormSettings
+from remediator.safety import BudgetLimits, RateLimit, StormSettings
 
 GOOD = """
 safety: {max_disrupted_nodes: 3}
@@ -255,3 +257,183 @@ rules: []
 def test_reversals_are_refused_among_the_firing_actions() -> None:
     message = _problems("rules:\n  - name: r\n    actions: [untaint]\n")
     assert "rules[0] (r).actions[0].type: untaint belongs in on_resolved" in message
+
+
+# -- node selectors and a rule's own budget --------------------------------------------------------
+
+POOLS = """
+rules:
+  - name: drain-p5
+    match: ['remediation=~"drain|cordon"']
+    nodes:
+      matchLabels: {karpenter.sh/nodepool: p5}
+      matchExpressions:
+        - {key: node.kubernetes.io/instance-type, operator: In, values: [p5.48xlarge, p5e.48xlarge]}
+        - {key: example.com/spot, operator: DoesNotExist}
+    max_disrupted_nodes: 2
+    max_disrupted_percent: 10
+    actions: [cordon, drain]
+  - name: taint-g5
+    match: ['remediation=~"drain|cordon"']
+    nodes:
+      matchExpressions:
+        - {key: karpenter.sh/nodepool, operator: Exists}
+        - {key: karpenter.sh/nodepool, operator: NotIn, values: [p5]}
+    max_disrupted_percent: 50
+    actions: [{type: taint, key: accel-health.io/unhealthy}]
+  - name: elsewhere
+    match: ['remediation=~"drain|cordon"']
+    actions: [condition]
+"""
+P5 = {"karpenter.sh/nodepool": "p5", "node.kubernetes.io/instance-type": "p5.48xlarge"}
+G5 = {"karpenter.sh/nodepool": "g5", "node.kubernetes.io/instance-type": "g5.48xlarge"}
+
+
+def test_a_rule_loads_its_node_selector_and_its_own_budget() -> None:
+    drain, taint, elsewhere = parse_policy(POOLS).rules
+    assert drain.nodes == LabelSelector(
+        match_labels={"karpenter.sh/nodepool": "p5"},
+        match_expressions=(
+            LabelRequirement("node.kubernetes.io/instance-type", "In", ("p5.48xlarge", "p5e.48xlarge")),
+            LabelRequirement("example.com/spot", "DoesNotExist"),
+        ),
+    )
+    assert drain.budget == BudgetLimits(max_disrupted_nodes=2, max_disrupted_percent=10.0)
+    assert taint.budget == BudgetLimits(max_disrupted_percent=50.0)
+    assert (elsewhere.nodes, elsewhere.budget) == (None, None)
+    assert str(drain.nodes) == (
+        "karpenter.sh/nodepool=p5,node.kubernetes.io/instance-type in (p5.48xlarge,p5e.48xlarge),"
+        "!example.com/spot"
+    )
+
+
+@pytest.mark.parametrize(
+    ("labels", "rule"),
+    [
+        (P5, "drain-p5"),
+        ({**P5, "example.com/spot": "true"}, "elsewhere"),  # a spot node of the p5 pool is not drained
+        ({**P5, "node.kubernetes.io/instance-type": "p4d.24xlarge"}, "elsewhere"),
+        (G5, "taint-g5"),
+        ({"node.kubernetes.io/instance-type": "g5.48xlarge"}, "elsewhere"),  # in no node pool
+    ],
+)
+def test_the_first_rule_whose_matchers_and_node_selector_both_match_wins(
+    labels: dict[str, str], rule: str
+) -> None:
+    policy = parse_policy(POOLS)
+    chosen = policy.select({"remediation": "drain"}, Node(name="n", labels=labels), node_name="n")
+    assert chosen.rule is not None
+    assert chosen.rule.name == rule
+
+
+def test_a_rule_passed_over_for_its_selector_says_why() -> None:
+    policy = parse_policy(POOLS)
+    chosen = policy.select({"remediation": "drain"}, Node(name="g5-1", labels=G5), node_name="g5-1")
+    assert chosen.passed_over == (
+        "rule 'drain-p5': node g5-1 is not among its nodes (karpenter.sh/nodepool=p5,"
+        "node.kubernetes.io/instance-type in (p5.48xlarge,p5e.48xlarge),!example.com/spot)",
+    )
+
+
+def test_a_node_that_cannot_be_seen_matches_no_rule_with_a_selector() -> None:
+    policy = parse_policy(POOLS)
+    chosen = policy.select({"remediation": "drain"}, None, node_name="ghost")
+    assert chosen.rule is not None
+    assert chosen.rule.name == "elsewhere"  # the first rule without a selector
+    assert len(chosen.passed_over) == 2
+    assert all("node ghost is not in the observed nodes" in why for why in chosen.passed_over)
+    only_pools = parse_policy(POOLS.split("  - name: elsewhere", maxsplit=1)[0])
+    assert only_pools.select({"remediation": "drain"}, None, node_name="ghost").rule is None
+    assert only_pools.selects_nodes
+    assert not parse_policy(GOOD).selects_nodes
+
+
+@pytest.mark.parametrize(
+    ("selector", "labels", "expected"),
+    [
+        (LabelSelector(match_labels={"pool": "p5"}), {"pool": "p5", "zone": "a"}, True),
+        (LabelSelector(match_labels={"pool": "p5"}), {"pool": "g5"}, False),
+        (LabelSelector(match_labels={"pool": "p5"}), {}, False),
+        (
+            LabelSelector(match_expressions=(LabelRequirement("pool", "In", ("p5", "p4")),)),
+            {"pool": "p4"},
+            True,
+        ),
+        (LabelSelector(match_expressions=(LabelRequirement("pool", "In", ("p5",)),)), {}, False),
+        (LabelSelector(match_expressions=(LabelRequirement("pool", "NotIn", ("p5",)),)), {}, True),
+        (
+            LabelSelector(match_expressions=(LabelRequirement("pool", "NotIn", ("p5",)),)),
+            {"pool": "p5"},
+            False,
+        ),
+        (LabelSelector(match_expressions=(LabelRequirement("spot", "Exists"),)), {"spot": ""}, True),
+        (LabelSelector(match_expressions=(LabelRequirement("spot", "DoesNotExist"),)), {"spot": ""}, False),
+    ],
+)
+def test_node_selectors_follow_kubernetes_label_selector_semantics(
+    selector: LabelSelector, labels: dict[str, str], expected: bool
+) -> None:
+    assert selector.matches(labels) is expected
+
+
+def test_every_problem_in_node_selectors_and_rule_budgets_is_named() -> None:
+    message = _problems(
+        """
+rules:
+  - name: a
+    nodes: {matchLabels: {gpu: true, pool: p5}, podSelector: {}}
+    max_disrupted_nodes: -1
+    max_disrupted_percent: 120
+    actions: [cordon]
+  - name: b
+    nodes:
+      matchExpressions:
+        - {key: pool, operator: Equals, values: [p5]}
+        - {key: pool, operator: In}
+        - {key: spot, operator: Exists, values: ["true"]}
+        - {operator: NotIn, values: [1]}
+    actions: [cordon]
+  - name: c
+    nodes: {}
+    actions: [cordon]
+  - name: d
+    nodes: [pool=p5]
+    max_disrupted_nodes: 1
+    actions: [condition, event]
+"""
+    )
+    assert (
+        "rules[0] (a).nodes.matchLabels.gpu: expected a string (quote numbers and true/false), got True"
+        in message
+    )
+    assert "rules[0] (a).nodes.podSelector: unknown field (known: matchLabels, matchExpressions)" in message
+    assert "rules[0] (a).max_disrupted_nodes: must not be negative, got -1" in message
+    assert "rules[0] (a).max_disrupted_percent: must be at most 100, got 120" in message
+    assert (
+        "rules[1] (b).nodes.matchExpressions[0].operator: expected one of In, NotIn, Exists, DoesNotExist, "
+        "got 'Equals'" in message
+    )
+    assert (
+        "rules[1] (b).nodes.matchExpressions[1].values: required, at least one value, for operator In"
+        in message
+    )
+    assert "rules[1] (b).nodes.matchExpressions[2].values: must be empty for operator Exists" in message
+    assert "rules[1] (b).nodes.matchExpressions[3].key: required, a non-empty string" in message
+    assert "rules[1] (b).nodes.matchExpressions[3].values: expected a list of strings" in message
+    assert "rules[2] (c).nodes: give matchLabels and/or matchExpressions (leave nodes: out" in message
+    assert "rules[3] (d).nodes: expected a mapping with matchLabels and/or matchExpressions" in message
+    assert (
+        "rules[3] (d).max_disrupted_nodes: the rule has no disruptive action for a budget to limit" in message
+    )
+
+
+def test_the_default_policys_commented_node_pool_example_loads_as_it_reads() -> None:
+    text = (Path(__file__).parents[2] / "remediator" / "default_policy.yaml").read_text(encoding="utf-8")
+    example = text.split("#  - name: drain-p5", 1)[1]
+    rules = "rules:\n  - name: drain-p5" + "".join(line[1:] + "\n" for line in example.splitlines())
+    drain, taint = parse_policy(rules).rules
+    assert drain.nodes == LabelSelector(match_labels={"karpenter.sh/nodepool": "p5"})
+    assert drain.budget == BudgetLimits(max_disrupted_percent=10.0)
+    assert taint.nodes is not None
+    assert taint.nodes.matches({"node.kubernetes.io/instance-type": "g5.48xlarge"})
+    assert [a.type for a in taint.actions] == ["condition", "taint"]

@@ -1,5 +1,6 @@
-"""The safety gates on an injected clock: budget (count and percentage), rate limits, the storm
-breaker's trip and self-reset, the pause switch, protected nodes, and the gate-state document."""
+"""The safety gates on an injected clock: budget (count and percentage), a rule's own budget over the
+nodes its selector covers, rate limits, the storm breaker's trip and self-reset, the pause switch,
+protected nodes, and the gate-state document."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ from typing import Any
 
 import pytest
 
-from remediator.cluster import Node, Taint
+from remediator.cluster import LabelSelector, Node, Taint
 from remediator.safety import (
+    BudgetLimits,
     DisruptionBudget,
     PauseSwitch,
     RateLimit,
     RateLimiter,
     SafetySettings,
+    ScopedBudgets,
     StormBreaker,
     StormSettings,
     eligible_count,
@@ -239,6 +242,72 @@ def test_the_budget_counts_eligible_nodes_out_of_service_for_other_reasons() -> 
     verdict = budget.check("other")
     assert not verdict.allowed
     assert "cordoned unschedulable" in verdict.reason
+
+
+def _pools() -> list[Node]:
+    gpu = ("nvidia.com/gpu",)
+    p5 = {"pool": "p5"}
+    return [
+        *(Node(name=f"p5-{i}", labels=p5, accelerators=gpu) for i in (0, 2, 3)),
+        Node(name="p5-1", labels=p5, accelerators=gpu, unschedulable=True),  # a human cordoned it
+        Node(name="p5-cpu", labels=p5, unschedulable=True),  # CPU-only: neither counted nor covered
+        Node(name="g5-0", labels={"pool": "g5"}, accelerators=gpu, unschedulable=True),
+        Node(name="g5-1", labels={"pool": "g5"}, accelerators=gpu),
+    ]
+
+
+def test_a_rules_budget_counts_only_the_nodes_its_selector_covers() -> None:
+    clock = FakeClock()
+    budget = DisruptionBudget(max_nodes=10, clock=clock)
+    scoped = ScopedBudgets(
+        {"p5": (LabelSelector(match_labels={"pool": "p5"}), BudgetLimits(max_disrupted_percent=50))}
+    )
+    scoped.observe(_pools(), SafetySettings())
+    budget.commit("g5-1", kind="cordon", dry_run=False)  # another pool's hold costs p5 nothing
+    assert scoped.check("p5", "p5-0", budget.holders()).allowed  # 1 (p5-1) of 2 (50% of 4) in use
+    budget.commit("p5-0", kind="cordon", dry_run=False)
+    assert scoped.check("p5", "p5-1", budget.holders()).allowed  # already out of service: free
+    verdict = scoped.check("p5", "p5-2", budget.holders())
+    assert not verdict.allowed
+    assert verdict.gate == "budget"
+    assert verdict.reason.startswith(
+        "rule 'p5' budget exhausted: 2 of 2 (50% of 4 nodes pool=p5, rounded down) already out of "
+        "service (p5-0 held by accel-health (cordon), p5-1 unschedulable)"
+    )
+    assert scoped.check("g5", "g5-1", budget.holders()).allowed  # a rule without a budget of its own
+    budget.release("p5-0")
+    assert scoped.check("p5", "p5-2", budget.holders()).allowed
+
+
+def test_a_rules_budget_counts_dry_run_holds_as_a_live_service_would_have_disrupted() -> None:
+    budget = DisruptionBudget(max_nodes=10, clock=FakeClock())
+    scoped = ScopedBudgets(
+        {"p5": (LabelSelector(match_labels={"pool": "p5"}), BudgetLimits(max_disrupted_nodes=2))}
+    )
+    scoped.observe(_pools(), SafetySettings())
+    budget.commit("p5-0", kind="drain", dry_run=True)
+    assert not scoped.check("p5", "p5-2", budget.holders()).allowed
+    assert scoped.usage(budget.holders()) == {
+        "p5": {
+            "selector": "pool=p5",
+            "max_disrupted_nodes": 2,
+            "max_disrupted_percent": None,
+            "covered_nodes": 4,
+            "in_use": 2,
+            "capacity": 2,
+            "disrupted": {"p5-0": "held by accel-health (drain)", "p5-1": "unschedulable"},
+        }
+    }
+
+
+def test_a_rules_budget_without_a_selector_covers_every_eligible_node() -> None:
+    budget = DisruptionBudget(max_nodes=10, clock=FakeClock())
+    scoped = ScopedBudgets({"any": (None, BudgetLimits(max_disrupted_percent=34))})
+    scoped.observe(_pools(), SafetySettings())
+    # 6 eligible nodes (p5-cpu is CPU-only): 34% is 2; p5-1 and g5-0 are out of service already.
+    verdict = scoped.check("any", "p5-0", budget.holders())
+    assert not verdict.allowed
+    assert "2 of 2 (34% of 6 eligible nodes, rounded down)" in verdict.reason
 
 
 # -- pause, protected nodes --------------------------------------------------------------------
