@@ -65,7 +65,7 @@ from remediator.executors.snapshot import RecordingAws  # noqa: E402  after sys.
 from remediator.payload import parse_body  # noqa: E402  after sys.path
 from remediator.policy import Policy, load_policy, parse_policy  # noqa: E402  after sys.path
 from tests.kube.conftest import control_plane_skip_reason  # noqa: E402  after sys.path
-from tests.kube.controlplane import ControlPlane, apply_objects, control_plane  # noqa: E402
+from tests.kube.controlplane import ControlPlane, control_plane, request_of  # noqa: E402
 from tests.kube.kubelet import FakeKubelet  # noqa: E402  after sys.path
 from tests.kube.rest import ApiError, Obj  # noqa: E402  after sys.path
 
@@ -106,8 +106,8 @@ def node_name(i: int) -> str:
 # -- the cluster -----------------------------------------------------------------------------------
 
 
-def populate(plane: ControlPlane, workdir: Path) -> None:
-    """2,000 accelerator nodes and the remediator's ServiceAccount (cluster-admin)."""
+def populate(plane: ControlPlane, workdir: Path) -> str:
+    """2,000 accelerator nodes and the remediator's ServiceAccount (cluster-admin); its token."""
     fake = FakeKubelet(plane=plane, workdir=workdir)
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(
@@ -118,34 +118,13 @@ def populate(plane: ControlPlane, workdir: Path) -> None:
                 range(NODES),
             )
         )
-    apply_objects(
-        plane.admin,
-        [
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}},
-            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": SA, "namespace": NS}},
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRoleBinding",
-                "metadata": {"name": SA},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "ClusterRole",
-                    "name": "cluster-admin",
-                },
-                "subjects": [{"kind": "ServiceAccount", "name": SA, "namespace": NS}],
-            },
-        ],
-    )
+    return plane.cluster_admin_account(NS, SA)
 
 
 def connection(plane: ControlPlane, token: str) -> tuple[k8s.ApiClient, KubernetesSettings]:
     """The API client and executor settings of the remediator's ServiceAccount."""
-    cfg = k8s.Configuration(host=plane.server)
-    cfg.api_key = {"authorization": token}
-    cfg.api_key_prefix = {"authorization": "Bearer"}
-    cfg.ssl_ca_cert = str(plane.pki.ca_cert)
     settings = KubernetesSettings(state_namespace=NS, request_timeout_seconds=30.0, instance="bench")
-    return k8s.ApiClient(cfg), settings
+    return plane.api_client(token=token), settings
 
 
 def executor(plane: ControlPlane, token: str) -> KubernetesCluster:
@@ -206,9 +185,7 @@ class AuditTail:
             stage, verb = event.get("stage"), event.get("verb")
             if stage != "ResponseComplete" and not (stage == "ResponseStarted" and verb == "watch"):
                 continue
-            ref = event.get("objectRef") or {}
-            sub = ref.get("subresource")
-            out.append((str(verb), str(ref.get("resource", "")) + (f"/{sub}" if sub else "")))
+            out.append(request_of(event))
         return out
 
     async def settle(self) -> list[tuple[str, str]]:
@@ -537,8 +514,7 @@ def main() -> int:
         workdir = Path(tmp)
         t0 = time.monotonic()
         with control_plane(workdir / "control-plane") as plane:
-            populate(plane, workdir)
-            token = plane.service_account_token(NS, SA)
+            token = populate(plane, workdir)
             print(f"control plane with {NODES} nodes up in {time.monotonic() - t0:.0f} s")
             everything = {node_name(i) for i in range(NODES)}
             ok = True

@@ -55,7 +55,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the control-plane harness lives in tests/kube
 
-from bench_reconcile_api import NODES, NS, SA, connection, node_name, populate  # noqa: E402  same harness
+from bench_reconcile_api import NODES, connection, node_name, populate  # noqa: E402  same harness
 
 from remediator.alertmanager import AlertmanagerView, ShownAlert  # noqa: E402  after sys.path
 from remediator.cluster import BackendUnavailable, Cluster, Node  # noqa: E402  after sys.path
@@ -550,8 +550,8 @@ async def kube_cluster(stack: AsyncExitStack, sync: ExitStack) -> tuple[CountedK
     workdir = Path(sync.enter_context(tempfile.TemporaryDirectory(prefix="accel-health-bench-")))
     t0 = time.monotonic()
     plane = sync.enter_context(control_plane(workdir / "control-plane"))
-    await asyncio.to_thread(populate, plane, workdir)
-    api, settings = connection(plane, plane.service_account_token(NS, SA))
+    token = await asyncio.to_thread(populate, plane, workdir)
+    api, settings = connection(plane, token)
     kube = CountedKube(api=api, settings=settings)
     stack.push_async_callback(kube.close)
     assert await kube.start_cache(wait_seconds=120), "the node cache did not sync"

@@ -14,6 +14,7 @@ fake nodes stay Ready without heartbeats.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
@@ -24,11 +25,12 @@ import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from kubernetes.aio import client as k8s
 
 from examples.pipeline import die_with_parent, free_port
 from tests.kube.pki import Pki, write_pki
@@ -72,6 +74,50 @@ def wait_for(what: str, check: Callable[[], bool], *, timeout: float, interval: 
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 10.0) -> None:
+    """`wait_for` for a test's event loop: await `check` until it holds (TimeoutError after `seconds`)."""
+    async with asyncio.timeout(seconds):
+        while True:
+            if await check():
+                return
+            await asyncio.sleep(0.1)
+
+
+def cordoned(plane: ControlPlane) -> list[str]:
+    """The nodes with spec.unschedulable, sorted."""
+    return sorted(
+        n["metadata"]["name"] for n in plane.admin.items("/api/v1/nodes") if n["spec"].get("unschedulable")
+    )
+
+
+def request_of(event: Obj) -> tuple[str, str]:
+    """(verb, resource[/subresource]) of an audit event."""
+    ref = event.get("objectRef") or {}
+    sub = ref.get("subresource")
+    return str(event["verb"]), str(ref.get("resource", "")) + (f"/{sub}" if sub else "")
+
+
+def deployment(name: str, namespace: str, *, node_selector: dict[str, str], replicas: int = 1) -> Obj:
+    """A Deployment of `replicas` trainer pods (label app=`name`) on the nodes `node_selector` picks."""
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": node_selector,
+                    "containers": [{"name": "main", "image": "trainer:1"}],
+                },
+            },
+        },
+    }
 
 
 @dataclass
@@ -162,6 +208,42 @@ class ControlPlane:
 
         wait_for(f"the token of ServiceAccount {namespace}/{name}", ready, timeout=timeout, interval=0.2)
         return found[0]
+
+    def cluster_admin_account(self, namespace: str, name: str) -> str:
+        """A ServiceAccount (and its namespace) bound to cluster-admin, so that the audit log tells
+        its requests apart while RBAC refuses it nothing; its token."""
+        apply_objects(
+            self.admin,
+            [
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+                {
+                    "apiVersion": "v1",
+                    "kind": "ServiceAccount",
+                    "metadata": {"name": name, "namespace": namespace},
+                },
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "ClusterRoleBinding",
+                    "metadata": {"name": name},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "ClusterRole",
+                        "name": "cluster-admin",
+                    },
+                    "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+                },
+            ],
+        )
+        return self.service_account_token(namespace, name)
+
+    def api_client(self, *, token: str | None = None, server: str | None = None) -> k8s.ApiClient:
+        """A Kubernetes client as the remediator builds one: a bearer token (the admin's unless
+        given) and this plane's CA, to the API server or to `server` (a proxy in front of it)."""
+        cfg = k8s.Configuration(host=server or self.server)
+        cfg.api_key = {"authorization": token or self.admin_token}
+        cfg.api_key_prefix = {"authorization": "Bearer"}
+        cfg.ssl_ca_cert = str(self.pki.ca_cert)
+        return k8s.ApiClient(cfg)
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
         kubectl = shutil.which("kubectl")

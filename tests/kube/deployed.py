@@ -39,6 +39,7 @@ from tests.kube.controlplane import (
     ControlPlane,
     Process,
     apply_objects,
+    deployment,
     spawn,
     start_control_plane,
     wait_for,
@@ -517,22 +518,9 @@ def add_training(d: Deployment, *, replicas: int, mirror_pods_on: tuple[str, ...
         d.admin,
         [
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": WORK_NS}},
-            {
-                "apiVersion": "apps/v1",
-                "kind": "Deployment",
-                "metadata": {"name": "trainer", "namespace": WORK_NS},
-                "spec": {
-                    "replicas": replicas,
-                    "selector": {"matchLabels": labels},
-                    "template": {
-                        "metadata": {"labels": labels},
-                        "spec": {
-                            "nodeSelector": {"nvidia.com/gpu.present": "true"},
-                            "containers": [{"name": "train", "image": "trainer:1"}],
-                        },
-                    },
-                },
-            },
+            deployment(
+                "trainer", WORK_NS, node_selector={"nvidia.com/gpu.present": "true"}, replicas=replicas
+            ),
             {
                 "apiVersion": "policy/v1beta1",
                 "kind": "PodDisruptionBudget",

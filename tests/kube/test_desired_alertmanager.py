@@ -10,13 +10,11 @@ same group over real webhooks act once.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes.aio import client as k8s
 
 from remediator.alertmanager import AlertmanagerClient, AlertmanagerPoller, AlertmanagerSettings
 from remediator.app import create_app
@@ -27,7 +25,7 @@ from remediator.payload import parse_payload
 from remediator.policy import parse_policy
 from tests import alertmanager_process
 from tests.alertmanager_process import Alertmanager, ended, fired
-from tests.kube.controlplane import ControlPlane, apply_objects, forget_remediation
+from tests.kube.controlplane import ControlPlane, apply_objects, cordoned, eventually, forget_remediation
 from tests.kube.kubelet import FakeKubelet, KubeletSettings
 from tests.remediator.conftest import AiohttpClient
 
@@ -70,12 +68,8 @@ def manager(tmp_path: Path) -> Iterator[Alertmanager]:
 
 
 def cluster_for(plane: ControlPlane) -> KubernetesCluster:
-    cfg = k8s.Configuration(host=plane.server)
-    cfg.api_key = {"authorization": plane.admin_token}
-    cfg.api_key_prefix = {"authorization": "Bearer"}
-    cfg.ssl_ca_cert = str(plane.pki.ca_cert)
     settings = KubernetesSettings(state_namespace=NS, request_timeout_seconds=5.0, instance="test")
-    return KubernetesCluster(api=k8s.ApiClient(cfg), settings=settings, should_act=lambda: True)
+    return KubernetesCluster(api=plane.api_client(), settings=settings, should_act=lambda: True)
 
 
 def engine_over(cluster: KubernetesCluster) -> Engine:
@@ -87,12 +81,6 @@ def engine_over(cluster: KubernetesCluster) -> Engine:
 def poller_for(engine: Engine, *urls: str) -> AlertmanagerPoller:
     client = AlertmanagerClient(AlertmanagerSettings(urls=urls, timeout_seconds=2.0))
     return AlertmanagerPoller(client=client, reconcile=engine.reconcile, ready=lambda: True)
-
-
-def cordoned(plane: ControlPlane) -> list[str]:
-    return sorted(
-        n["metadata"]["name"] for n in plane.admin.items("/api/v1/nodes") if n["spec"].get("unschedulable")
-    )
 
 
 async def test_a_silence_set_in_alertmanager_stops_actions_on_that_node(
@@ -206,7 +194,7 @@ async def test_two_alertmanagers_delivering_the_same_group_act_once(
             metrics = await (await client.get("/metrics")).text()
             return 'accel_remediator_webhooks_total{code="200"} 2.0' in metrics
 
-        await wait_for_async(both_delivered, seconds=20)
+        await eventually(both_delivered, seconds=20)
         assert cordoned(plane) == ["gpu-1"]
         decided = [(r.node, r.action, r.outcome) for r in engine.log.records()]
         assert decided == [("gpu-1", "cordon", "done")]
@@ -220,11 +208,3 @@ async def test_two_alertmanagers_delivering_the_same_group_act_once(
             am.stop()
         await poller.client.close()
         await cluster.close()
-
-
-async def wait_for_async(check: Callable[[], Awaitable[bool]], *, seconds: float) -> None:
-    async with asyncio.timeout(seconds):
-        while True:
-            if await check():
-                return
-            await asyncio.sleep(0.2)

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes.aio import client as k8s
 
 from remediator.cluster import DrainSettings
 from remediator.engine import Engine, EngineSettings
@@ -27,7 +26,7 @@ from remediator.executors.kubernetes import KubernetesCluster, KubernetesSetting
 from remediator.executors.snapshot import RecordingAws
 from remediator.payload import parse_payload
 from remediator.policy import parse_policy
-from tests.kube.controlplane import ControlPlane, apply_objects, wait_for
+from tests.kube.controlplane import ControlPlane, apply_objects, deployment, request_of, wait_for
 from tests.kube.kubelet import FakeKubelet, KubeletSettings
 from tests.kube.network import skew_proxy
 from tests.kube.rest import Obj
@@ -48,50 +47,15 @@ PATIENT = DrainSettings(backoff_initial_seconds=0.2, backoff_max_seconds=1.0, po
 """Short waits, so that a drain the budget holds back retries (and, before the cache, listed) often."""
 
 
-def deployment(name: str, replicas: int) -> Obj:
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": WORK},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeSelector": {POOL: "yes"},
-                    "containers": [{"name": "main", "image": "trainer:1"}],
-                },
-            },
-        },
-    }
-
-
 @pytest.fixture(scope="module")
 def token(plane: ControlPlane, workdir: Path) -> Iterator[str]:
     fake = FakeKubelet(plane=plane, workdir=workdir, settings=KubeletSettings(start_delay=0.3))
     for name in NODES:
         fake.add_node(name, labels={"pool": "gpu"}, capacity={"nvidia.com/gpu": "8"})
-    objects: list[Obj] = [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}},
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": WORK}},
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": SA, "namespace": NS}},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": SA},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "cluster-admin",
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": SA, "namespace": NS}],
-        },
-    ]
-    apply_objects(plane.admin, objects)
+    apply_objects(plane.admin, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": WORK}}])
+    token = plane.cluster_admin_account(NS, SA)
     fake.start()
-    yield plane.service_account_token(NS, SA)
+    yield token
     fake.stop()
 
 
@@ -102,12 +66,8 @@ def proxy(plane: ControlPlane) -> Iterator[str]:
 
 
 def cluster_for(plane: ControlPlane, *, server: str, token: str) -> KubernetesCluster:
-    cfg = k8s.Configuration(host=server)
-    cfg.api_key = {"authorization": token}
-    cfg.api_key_prefix = {"authorization": "Bearer"}
-    cfg.ssl_ca_cert = str(plane.pki.ca_cert)
     settings = KubernetesSettings(state_namespace=NS, request_timeout_seconds=5.0, instance="test")
-    return KubernetesCluster(api=k8s.ApiClient(cfg), settings=settings)
+    return KubernetesCluster(api=plane.api_client(token=token, server=server), settings=settings)
 
 
 def requests(plane: ControlPlane, since: int) -> dict[str, Obj]:
@@ -116,11 +76,8 @@ def requests(plane: ControlPlane, since: int) -> dict[str, Obj]:
     return {str(e["auditID"]): e for e in plane.audit(user=USER)[since:]}
 
 
-def what(event: Obj) -> tuple[str, str]:
-    """(verb, resource[/subresource]) of an audit event."""
-    ref = event.get("objectRef") or {}
-    sub = ref.get("subresource")
-    return str(event["verb"]), str(ref.get("resource", "")) + (f"/{sub}" if sub else "")
+def trainers(name: str, replicas: int) -> Obj:
+    return deployment(name, WORK, node_selector={POOL: "yes"}, replicas=replicas)
 
 
 def pods_on(plane: ControlPlane, node: str) -> list[Obj]:
@@ -143,7 +100,7 @@ async def test_a_drain_held_back_by_a_budget_lists_and_watches_pods_and_budgets_
         "metadata": {"name": "guarded", "namespace": WORK},
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "guarded"}}},
     }
-    apply_objects(plane.admin, [deployment("guarded", 4), deployment("free", 2), budget])
+    apply_objects(plane.admin, [trainers("guarded", 4), trainers("free", 2), budget])
     wait_for("six ready pods on gpu-0", lambda: sum(map(ready, pods_on(plane, "gpu-0"))) == 6, timeout=60)
     pdb_path = f"/apis/policy/v1beta1/namespaces/{WORK}/poddisruptionbudgets/guarded"
     wait_for(
@@ -177,8 +134,10 @@ async def test_a_drain_held_back_by_a_budget_lists_and_watches_pods_and_budgets_
     assert [o for o, _ in drains] == ["started", "done"], drains
     assert [p for p in pods_on(plane, "gpu-0") if not p["metadata"].get("deletionTimestamp")] == []
 
-    counts = Counter(what(e) for e in made.values())
-    evictions = Counter(e["responseStatus"]["code"] for e in made.values() if what(e)[1] == "pods/eviction")
+    counts = Counter(request_of(e) for e in made.values())
+    evictions = Counter(
+        e["responseStatus"]["code"] for e in made.values() if request_of(e)[1] == "pods/eviction"
+    )
     print(
         f"requests of one drain: {sorted(counts.items())}; evictions by answer: {sorted(evictions.items())}"
     )
@@ -196,6 +155,6 @@ def watches_ended(plane: ControlPlane, since: int) -> bool:
     watches = [
         e
         for e in requests(plane, since).values()
-        if what(e) in (("watch", "pods"), ("watch", "poddisruptionbudgets"))
+        if request_of(e) in (("watch", "pods"), ("watch", "poddisruptionbudgets"))
     ]
     return bool(watches) and all(e["stage"] == "ResponseComplete" for e in watches)

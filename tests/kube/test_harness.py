@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kube.controlplane import ControlPlane, apply_objects, wait_for
+from tests.kube.controlplane import ControlPlane, apply_objects, deployment, wait_for
 from tests.kube.kubelet import FakeKubelet, KubeletSettings, fits
 from tests.kube.network import skew_proxy
 from tests.kube.rest import ApiError, Obj, Rest
@@ -29,24 +29,8 @@ def kubelet(plane: ControlPlane, workdir: Path) -> Iterator[FakeKubelet]:
     fake.stop()
 
 
-def deployment(name: str, *, replicas: int, pool: str = "gpu") -> Obj:
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeSelector": {"pool": pool},
-                    "containers": [{"name": "main", "image": "trainer:1"}],
-                },
-            },
-        },
-    }
+def trainers(name: str, *, replicas: int, pool: str = "gpu") -> Obj:
+    return deployment(name, NS, node_selector={"pool": pool}, replicas=replicas)
 
 
 def pods_of(plane: ControlPlane, app: str) -> list[Obj]:
@@ -71,7 +55,7 @@ def test_a_service_account_without_grants_is_forbidden(plane: ControlPlane) -> N
 def test_deployment_pods_are_scheduled_where_they_fit_and_become_ready(
     plane: ControlPlane, kubelet: FakeKubelet
 ) -> None:
-    apply_objects(plane.admin, [deployment("spread", replicas=4)])
+    apply_objects(plane.admin, [trainers("spread", replicas=4)])
     wait_for("4 ready pods", lambda: sum(ready(p) for p in pods_of(plane, "spread")) == 4, timeout=30)
     nodes = sorted(p["spec"]["nodeName"] for p in pods_of(plane, "spread"))
     assert nodes == ["node-a", "node-a", "node-b", "node-b"]  # gpu pool only, least loaded first
@@ -81,7 +65,7 @@ def test_deployment_pods_are_scheduled_where_they_fit_and_become_ready(
 def test_a_cordoned_node_gets_no_new_pods_and_deleted_pods_are_finalized(
     plane: ControlPlane, kubelet: FakeKubelet
 ) -> None:
-    apply_objects(plane.admin, [deployment("moves", replicas=1)])
+    apply_objects(plane.admin, [trainers("moves", replicas=1)])
     wait_for("a ready pod", lambda: any(ready(p) for p in pods_of(plane, "moves")), timeout=30)
     first = pods_of(plane, "moves")[0]
     node = first["spec"]["nodeName"]
@@ -107,7 +91,7 @@ def test_the_disruption_controller_enforces_a_pdb_on_evictions(
     apply_objects(
         plane.admin,
         [
-            deployment("guarded", replicas=2),
+            trainers("guarded", replicas=2),
             {
                 "apiVersion": "policy/v1beta1",
                 "kind": "PodDisruptionBudget",

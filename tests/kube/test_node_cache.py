@@ -8,22 +8,19 @@ again converts only the nodes that changed; a firing delivery makes no LIST and,
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes.aio import client as k8s
 
 from remediator.engine import Engine, EngineSettings
 from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings
 from remediator.executors.snapshot import RecordingAws
 from remediator.payload import parse_payload
 from remediator.policy import parse_policy
-from tests.kube.controlplane import ControlPlane, apply_objects
+from tests.kube.controlplane import ControlPlane, eventually, request_of
 from tests.kube.kubelet import FakeKubelet, KubeletSettings
-from tests.kube.rest import Obj
 
 NS = "accel-health"
 SA = "counted"
@@ -40,52 +37,20 @@ def token(plane: ControlPlane, workdir: Path) -> Iterator[str]:
     fake = FakeKubelet(plane=plane, workdir=workdir, settings=KubeletSettings(start_delay=0.2))
     for name in NODES:
         fake.add_node(name, labels={"pool": "gpu"}, capacity={"nvidia.com/gpu": "8"})
-    objects: list[Obj] = [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}},
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": SA, "namespace": NS}},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": SA},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "cluster-admin",
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": SA, "namespace": NS}],
-        },
-    ]
-    apply_objects(plane.admin, objects)
+    token = plane.cluster_admin_account(NS, SA)
     fake.start()
-    yield plane.service_account_token(NS, SA)
+    yield token
     fake.stop()
 
 
 def cluster_for(plane: ControlPlane, token: str) -> KubernetesCluster:
-    cfg = k8s.Configuration(host=plane.server)
-    cfg.api_key = {"authorization": token}
-    cfg.api_key_prefix = {"authorization": "Bearer"}
-    cfg.ssl_ca_cert = str(plane.pki.ca_cert)
     settings = KubernetesSettings(state_namespace=NS, request_timeout_seconds=5.0, instance="test")
-    return KubernetesCluster(api=k8s.ApiClient(cfg), settings=settings)
+    return KubernetesCluster(api=plane.api_client(token=token), settings=settings)
 
 
 def requests(plane: ControlPlane, since: int = 0) -> list[tuple[str, str]]:
     """(verb, resource) of the ServiceAccount's requests, after the first `since` ones."""
-    out = []
-    for event in plane.audit(user=USER)[since:]:
-        ref = event.get("objectRef") or {}
-        sub = ref.get("subresource")
-        out.append((str(event["verb"]), str(ref.get("resource", "")) + (f"/{sub}" if sub else "")))
-    return out
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 10.0) -> None:
-    async with asyncio.timeout(seconds):
-        while True:
-            if await check():
-                return
-            await asyncio.sleep(0.1)
+    return [request_of(e) for e in plane.audit(user=USER)[since:]]
 
 
 async def test_the_cache_lists_once_then_follows_a_humans_cordon_through_the_watch(

@@ -13,23 +13,21 @@ no rule with a selector.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes.aio import client as k8s
 
 from remediator.engine import Engine, EngineSettings
 from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings
 from remediator.executors.snapshot import RecordingAws
-from remediator.payload import WebhookPayload, parse_payload
 from remediator.policy import parse_policy
-from tests.kube.controlplane import ControlPlane, apply_objects, wait_for
+from tests.kube.controlplane import ControlPlane, apply_objects, cordoned, deployment, eventually, wait_for
 from tests.kube.kubelet import FakeKubelet, KubeletSettings
 from tests.kube.network import skew_proxy
 from tests.kube.rest import Obj
+from tests.kube.test_reconcile import node_obj, webhook
 
 NS = "accel-health"
 WORK = "work"
@@ -73,34 +71,14 @@ def kubelet(plane: ControlPlane, workdir: Path) -> Iterator[FakeKubelet]:
 
 
 def cluster_for(plane: ControlPlane, server: str) -> KubernetesCluster:
-    cfg = k8s.Configuration(host=server)
-    cfg.api_key = {"authorization": plane.admin_token}
-    cfg.api_key_prefix = {"authorization": "Bearer"}
-    cfg.ssl_ca_cert = str(plane.pki.ca_cert)
     settings = KubernetesSettings(
         state_namespace=NS, request_timeout_seconds=5.0, retry_base_seconds=0.05, instance="test"
     )
-    return KubernetesCluster(api=k8s.ApiClient(cfg), settings=settings)
+    return KubernetesCluster(api=plane.api_client(server=server), settings=settings)
 
 
 def trainer(node: str) -> Obj:
-    labels = {"app": f"trainer-{node}"}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": f"trainer-{node}", "namespace": WORK},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeSelector": {"kubernetes.io/hostname": node},
-                    "containers": [{"name": "main", "image": "trainer:1"}],
-                },
-            },
-        },
-    }
+    return deployment(f"trainer-{node}", WORK, node_selector={"kubernetes.io/hostname": node})
 
 
 def running_on(plane: ControlPlane, node: str) -> list[str]:
@@ -109,17 +87,6 @@ def running_on(plane: ControlPlane, node: str) -> list[str]:
         p["metadata"]["name"]
         for p in pods
         if (p.get("status") or {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
-    )
-
-
-def node_obj(plane: ControlPlane, name: str) -> Obj:
-    obj: Obj = plane.admin.get(f"/api/v1/nodes/{name}")
-    return obj
-
-
-def cordoned(plane: ControlPlane) -> list[str]:
-    return sorted(
-        n["metadata"]["name"] for n in plane.admin.items("/api/v1/nodes") if n["spec"].get("unschedulable")
     )
 
 
@@ -134,18 +101,6 @@ def alert(node: str) -> dict[str, object]:
         "startsAt": "2025-11-22T20:00:00Z",
         "fingerprint": f"xid-{node}",
     }
-
-
-def webhook(*alerts: dict[str, object]) -> WebhookPayload:
-    return parse_payload({"version": "4", "status": "firing", "alerts": list(alerts)})
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 10.0) -> None:
-    async with asyncio.timeout(seconds):
-        while True:
-            if await check():
-                return
-            await asyncio.sleep(0.1)
 
 
 async def test_two_pools_one_drained_one_only_tainted_under_a_pool_budget_that_counts_a_humans_cordon(

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.aio import client as k8s
 
 from remediator import leader
 from remediator.app import create_app
@@ -32,7 +31,14 @@ from remediator.executors.kubernetes import STATE_KEY, KubernetesCluster, Kubern
 from remediator.executors.snapshot import RecordingAws
 from remediator.payload import WebhookPayload, parse_payload
 from remediator.policy import Policy, parse_policy
-from tests.kube.controlplane import ControlPlane, apply_objects, forget_remediation, wait_for
+from tests.kube.controlplane import (
+    ControlPlane,
+    apply_objects,
+    cordoned,
+    deployment,
+    forget_remediation,
+    wait_for,
+)
 from tests.kube.kubelet import FakeKubelet, KubeletSettings
 from tests.kube.network import skew_proxy
 from tests.kube.rest import ApiError, Obj
@@ -85,14 +91,11 @@ def cluster_for(
     token: str | None = None,
     should_act: Callable[[], bool] = lambda: True,
 ) -> KubernetesCluster:
-    cfg = k8s.Configuration(host=server or plane.server)
-    cfg.api_key = {"authorization": token or plane.admin_token}
-    cfg.api_key_prefix = {"authorization": "Bearer"}
-    cfg.ssl_ca_cert = str(plane.pki.ca_cert)
     settings = KubernetesSettings(
         state_namespace=NS, request_timeout_seconds=5.0, retry_base_seconds=0.05, instance="test"
     )
-    return KubernetesCluster(api=k8s.ApiClient(cfg), settings=settings, should_act=should_act)
+    api = plane.api_client(token=token, server=server)
+    return KubernetesCluster(api=api, settings=settings, should_act=should_act)
 
 
 def engine_over(cluster: KubernetesCluster, policy: Policy, *, aws: RecordingAws | None = None) -> Engine:
@@ -125,12 +128,6 @@ def outcomes(engine: Engine) -> list[tuple[str | None, str, str, str | None]]:
 def node_obj(plane: ControlPlane, name: str) -> Obj:
     obj: Obj = plane.admin.get(f"/api/v1/nodes/{name}")
     return obj
-
-
-def cordoned(plane: ControlPlane) -> list[str]:
-    return sorted(
-        n["metadata"]["name"] for n in plane.admin.items("/api/v1/nodes") if n["spec"].get("unschedulable")
-    )
 
 
 def stored_state(plane: ControlPlane) -> dict[str, Any]:
@@ -288,24 +285,8 @@ rules:
 """
 
 
-def deployment(name: str, *, node: str, replicas: int) -> Obj:
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": WORK},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeSelector": {"kubernetes.io/hostname": node},
-                    "containers": [{"name": "main", "image": "trainer:1"}],
-                },
-            },
-        },
-    }
+def on_node(name: str, *, node: str, replicas: int) -> Obj:
+    return deployment(name, WORK, node_selector={"kubernetes.io/hostname": node}, replicas=replicas)
 
 
 def ready_pods(plane: ControlPlane, app: str) -> int:
@@ -328,7 +309,7 @@ async def test_a_drain_deadline_does_not_override_a_pod_disruption_budget(
         "metadata": {"name": "guarded", "namespace": WORK},
         "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "guarded"}}},
     }
-    apply_objects(plane.admin, [deployment("guarded", node="gpu-5", replicas=2), pdb])
+    apply_objects(plane.admin, [on_node("guarded", node="gpu-5", replicas=2), pdb])
     wait_for("2 ready pods", lambda: ready_pods(plane, "guarded") == 2, timeout=60)
     pdb_path = f"/apis/policy/v1beta1/namespaces/{WORK}/poddisruptionbudgets/guarded"
     wait_for(
@@ -358,7 +339,7 @@ async def test_a_drain_deadline_does_not_override_a_pod_disruption_budget(
 async def test_an_eviction_answered_403_is_a_refusal_not_retried_until_the_deadline(
     plane: ControlPlane, kubelet: FakeKubelet, proxy: str, fresh: None
 ) -> None:
-    apply_objects(plane.admin, [deployment("plain", node="gpu-4", replicas=1)])
+    apply_objects(plane.admin, [on_node("plain", node="gpu-4", replicas=1)])
     wait_for("a ready pod", lambda: ready_pods(plane, "plain") == 1, timeout=60)
     token = narrow_service_account(plane)  # every permission the remediator has except evictions
     aws = RecordingAws()

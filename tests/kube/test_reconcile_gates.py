@@ -17,16 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from moto.server import ThreadedMotoServer
 
 from remediator.engine import Engine, EngineSettings
 from remediator.executors.aws import AwsExecutor, AwsSettings
 from remediator.executors.kubernetes import KubernetesCluster
 from remediator.executors.snapshot import RecordingAws
 from remediator.policy import Policy, parse_policy
-from tests.kube.controlplane import ControlPlane, apply_objects, forget_remediation
+from tests.kube.controlplane import ControlPlane, apply_objects, cordoned, forget_remediation
 from tests.kube.kubelet import FakeKubelet
-from tests.kube.test_reconcile import cluster_for, cordoned, outcomes, webhook
+from tests.kube.test_reconcile import cluster_for, outcomes, webhook
 from tests.remediator.test_aws_executor import REGION, aws_client, health, make_group, session
 
 NS = "accel-health"
@@ -40,17 +39,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

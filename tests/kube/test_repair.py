@@ -16,7 +16,6 @@ import asyncio
 import json
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import ThreadingHTTPServer
@@ -25,7 +24,6 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 from prometheus_client import CollectorRegistry
 
 from exporter.checks.endpoint import ChecksEndpoint
@@ -53,7 +51,7 @@ from tests.checks.helpers import make_runner
 from tests.kube.controlplane import ControlPlane, apply_objects
 from tests.kube.kubelet import FakeKubelet, KubeletSettings
 from tests.kube.test_reconcile import cluster_for
-from tests.remediator.test_aws_executor import CREDENTIALS, REGION, health, make_group
+from tests.remediator.test_aws_executor import CREDENTIALS, REGION, aws_client, health, make_group
 
 NS = "accel-health"
 TOKEN = "checks-token"
@@ -82,17 +80,6 @@ def kubelet(plane: ControlPlane, workdir: Path) -> FakeKubelet:
         fake.add_node(name, labels=labels, capacity={"nvidia.com/gpu": "8"})
     apply_objects(plane.admin, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}])
     return fake
-
-
-@pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
 
 
 @contextmanager
@@ -298,15 +285,6 @@ async def test_a_humans_recordon_in_between_is_kept_when_the_node_is_returned(
     assert "cordon kept" in record.reason
 
 
-def reset_moto(url: str) -> None:
-    reset = urllib.request.Request(f"{url}/moto-api/reset", method="POST")  # noqa: S310  local http://
-    urllib.request.urlopen(reset, timeout=10).close()  # noqa: S310  local http://
-
-
-def ec2(url: str) -> Any:
-    return boto3.Session(region_name=REGION, **CREDENTIALS).client("ec2", endpoint_url=url)
-
-
 def aws_executor(url: str, calls: list[str]) -> AwsExecutor:
     return AwsExecutor(
         settings=AwsSettings(region=REGION, endpoint_url=url),
@@ -320,15 +298,14 @@ def set_provider_id(plane: ControlPlane, node: str, instance: str) -> None:
 
 
 async def test_a_karpenter_node_gets_the_handover_condition_and_no_auto_scaling_call(
-    plane: ControlPlane, kubelet: FakeKubelet, moto_url: str
+    plane: ControlPlane, kubelet: FakeKubelet, moto: str
 ) -> None:
-    await asyncio.to_thread(reset_moto, moto_url)
-    made = ec2(moto_url).run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1)
+    made = aws_client(moto, "ec2").run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1)
     instance = made["Instances"][0]["InstanceId"]
     set_provider_id(plane, "aws-karp", instance)
     calls: list[str] = []
     with exporter(healthy()) as url:
-        loop = Loop(plane, url, aws=aws_executor(moto_url, calls))
+        loop = Loop(plane, url, aws=aws_executor(moto, calls))
         try:
             await loop.fault("aws-karp", remediation="reboot")  # reboot first
             assert calls == ["RebootInstances:ok"]
@@ -348,20 +325,19 @@ async def test_a_karpenter_node_gets_the_handover_condition_and_no_auto_scaling_
 
 
 async def test_a_fault_that_returns_after_the_reboot_escalates_to_a_replacement(
-    plane: ControlPlane, kubelet: FakeKubelet, moto_url: str
+    plane: ControlPlane, kubelet: FakeKubelet, moto: str
 ) -> None:
-    await asyncio.to_thread(reset_moto, moto_url)
-    instance = make_group(moto_url, size=1)[0]
+    instance = make_group(moto, size=1)[0]
     set_provider_id(plane, "aws-asg", instance)
     calls: list[str] = []
     with exporter(healthy()) as url:
-        loop = Loop(plane, url, aws=aws_executor(moto_url, calls))
+        loop = Loop(plane, url, aws=aws_executor(moto, calls))
         try:
             await loop.fault("aws-asg", remediation="reboot")
             await loop.fault("aws-asg", remediation="reboot")  # a resend while the reboot is under way
             assert calls == ["RebootInstances:ok"]
             assert REBOOTED in node_obj(plane, "aws-asg")["metadata"]["annotations"]
-            assert health(moto_url, instance) == "Healthy"
+            assert health(moto, instance) == "Healthy"
             kubelet.reboot("aws-asg")
             await loop.resolved("aws-asg", remediation="reboot")
             await loop.repair.reconcile()
@@ -370,7 +346,7 @@ async def test_a_fault_that_returns_after_the_reboot_escalates_to_a_replacement(
         finally:
             await loop.cluster.close()
     assert calls == ["RebootInstances:ok", "DescribeAutoScalingInstances:ok", "SetInstanceHealth:ok"]
-    assert health(moto_url, instance) == "Unhealthy"
+    assert health(moto, instance) == "Unhealthy"
     record = [r for r in loop.engine.log.records() if r.action == "aws_reboot"][-1]
     assert record.outcome == "done"
     assert "escalated to a replacement" in record.reason

@@ -17,11 +17,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes.aio import client as k8s
 
 from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings
 from tests.kube.conftest import control_plane_skip_reason
-from tests.kube.controlplane import ControlPlane, apply_objects, compact_etcd, control_plane
+from tests.kube.controlplane import ControlPlane, apply_objects, compact_etcd, control_plane, request_of
 from tests.kube.rest import Obj
 
 NS = "accel-health"
@@ -43,44 +42,20 @@ def plane(workdir: Path) -> Iterator[ControlPlane]:
 
 @pytest.fixture(scope="module")
 def token(plane: ControlPlane) -> str:
-    objects: list[Obj] = [
-        *({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n}} for n in NODES),
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}},
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": SA, "namespace": NS}},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": SA},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "cluster-admin",
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": SA, "namespace": NS}],
-        },
-    ]
-    apply_objects(plane.admin, objects)
-    return plane.service_account_token(NS, SA)
+    apply_objects(plane.admin, [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": n}} for n in NODES])
+    return plane.cluster_admin_account(NS, SA)
 
 
 def cluster_for(plane: ControlPlane, token: str) -> KubernetesCluster:
-    cfg = k8s.Configuration(host=plane.server)
-    cfg.api_key = {"authorization": token}
-    cfg.api_key_prefix = {"authorization": "Bearer"}
-    cfg.ssl_ca_cert = str(plane.pki.ca_cert)
     settings = KubernetesSettings(
         state_namespace=NS, request_timeout_seconds=5.0, instance="test", watch_seconds=WATCH_SECONDS
     )
-    return KubernetesCluster(api=k8s.ApiClient(cfg), settings=settings)
+    return KubernetesCluster(api=plane.api_client(token=token), settings=settings)
 
 
 def lists(plane: ControlPlane, resource: str) -> int:
     """LIST requests of the ServiceAccount for `resource`, per the audit log."""
-    return sum(
-        1
-        for e in plane.audit(user=USER)
-        if e["verb"] == "list" and (e.get("objectRef") or {}).get("resource") == resource
-    )
+    return sum(1 for e in plane.audit(user=USER) if request_of(e) == ("list", resource))
 
 
 def move_etcd_on_and_compact(plane: ControlPlane) -> int:

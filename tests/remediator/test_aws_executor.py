@@ -9,8 +9,7 @@ forwards everything else: botocore's retry modes are exercised over HTTP, nothin
 from __future__ import annotations
 
 import time
-import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +17,6 @@ import aiohttp
 import boto3
 import pytest
 from aiohttp import web
-from moto.server import ThreadedMotoServer
 
 from remediator.cluster import BackendUnavailable, Node
 from remediator.engine import Engine, EngineSettings
@@ -29,25 +27,6 @@ from remediator.policy import parse_policy
 
 REGION = "us-west-2"
 CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "aws_session_token": "t"}
-
-
-@pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def moto(moto_url: str) -> str:
-    reset = urllib.request.Request(f"{moto_url}/moto-api/reset", method="POST")  # noqa: S310  local http://
-    with urllib.request.urlopen(reset, timeout=10) as resp:  # noqa: S310  a local http:// URL
-        assert resp.status == 200
-    return moto_url
 
 
 def session() -> boto3.Session:
