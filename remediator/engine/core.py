@@ -8,7 +8,7 @@ import logging
 
 from remediator.engine.intake import Intake
 from remediator.engine.model import GateStatus
-from remediator.engine.stored import resume_payload
+from remediator.engine.stored import made_up_payload
 
 logger = logging.getLogger("remediator.decisions")
 
@@ -27,7 +27,9 @@ class Engine(Intake):
             self._resume = {}
         for node, alerts in resume.items():
             logger.warning("resuming the drain of %s left running by the previous leader", node)
-            await self.handle(resume_payload(alerts))
+            await self.handle(
+                made_up_payload(alerts, group_key="accel-health/resume", receiver="accel-health-remediator")
+            )
 
     async def drained(self) -> None:
         """Wait until no drain runs in the background and the actions after each were decided."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from remediator.alertmanager import AlertmanagerView
 from remediator.engine.model import AlertPlan, Context, Observed
 from remediator.engine.pipeline import Pipeline
-from remediator.engine.stored import api_payload, resolved_alert
+from remediator.engine.stored import made_up_payload, resolved_alert
 from remediator.payload import Alert, WebhookPayload
 from remediator.policy import Selection
 from remediator.safety import eligible, protected_reason
@@ -63,7 +63,7 @@ class Intake(Pipeline):
             self._suppressed_plan(a, (await self._select(a, a.labels.get(label, ""))).rule) for a in quiet
         ]
         if active or resolved:
-            plans += await self.handle(api_payload([*active, *resolved]))
+            plans += await self.handle(made_up_payload([*active, *resolved], group_key="alertmanager-api"))
         return plans
 
     async def _release_held(self, nodes: set[str]) -> None:

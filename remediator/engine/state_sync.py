@@ -35,10 +35,9 @@ class StateSync(EngineBase):
     async def _load(self) -> None:
         if self._store.loaded:
             return
-        loaded = self._store.loaded
         self.state = await self._store.load(self.state)
         self._dirty = False
-        if not loaded and not self.settings.dry_run:
+        if not self.settings.dry_run:
             try:
                 self._resume = running_drains(self.state.drains)
             except StateError as exc:

@@ -1,5 +1,6 @@
 """Alerts as documents (the drains kept in the gate state) and the deliveries the engine makes up
-itself: what Alertmanager's API shows, a resolve of an alert no longer shown, a resumed drain."""
+itself: what Alertmanager's API shows, a resolve of an alert no longer shown, a resumed drain; the
+reversals held back by other causes, kept for the next leader."""
 
 from __future__ import annotations
 
@@ -28,44 +29,33 @@ def alert_document(alert: Alert) -> dict[str, Any]:
     }
 
 
+def stored_alerts(docs: Any, where: str, *, status: str) -> list[Alert]:
+    """Alert documents kept in the gate state, read back as a webhook's; StateError naming `where`."""
+    try:
+        return list(parse_payload({"version": "4", "status": status, "alerts": docs}).alerts)
+    except PayloadError as exc:
+        raise StateError(f"{where}: {exc}") from exc
+
+
 def running_drains(section: Any) -> dict[str, list[Alert]]:
     """The stored `drains` section: node -> the alerts its drain was started for."""
     if not isinstance(section, Mapping):
         raise StateError("drains: expected a mapping")
-    drains: dict[str, list[Alert]] = {}
-    for node, alerts in section.items():
-        try:
-            payload = parse_payload({"version": "4", "status": "firing", "alerts": alerts})
-        except PayloadError as exc:
-            raise StateError(f"drains.{node}: {exc}") from exc
-        if payload.alerts:
-            drains[str(node)] = list(payload.alerts)
-    return drains
+    drains = {
+        str(node): stored_alerts(alerts, f"drains.{node}", status="firing")
+        for node, alerts in section.items()
+    }
+    return {node: alerts for node, alerts in drains.items() if alerts}
 
 
-def resume_payload(alerts: list[Alert]) -> WebhookPayload:
+def made_up_payload(alerts: list[Alert], *, group_key: str, receiver: str = "") -> WebhookPayload:
+    """A delivery the engine makes up itself (Alertmanager's API view, a resumed drain)."""
     return WebhookPayload(
         version="4",
-        group_key="accel-health/resume",
-        truncated_alerts=0,
-        status="firing",
-        receiver="accel-health-remediator",
-        group_labels={},
-        common_labels={},
-        common_annotations={},
-        external_url="",
-        alerts=tuple(alerts),
-    )
-
-
-def api_payload(alerts: list[Alert]) -> WebhookPayload:
-    """What Alertmanager's API shows, as one delivery."""
-    return WebhookPayload(
-        version="4",
-        group_key="alertmanager-api",
+        group_key=group_key,
         truncated_alerts=0,
         status="firing" if any(a.status == "firing" for a in alerts) else "resolved",
-        receiver="",
+        receiver=receiver,
         group_labels={},
         common_labels={},
         common_annotations={},
@@ -96,12 +86,9 @@ def held_reversals(section: Mapping[str, Any], policy: Policy) -> dict[str, list
     for node, items in section.items():
         for item in items:
             rule = rules.get(str(item.get("rule", "")))
-            try:
-                payload = parse_payload({"version": "4", "status": "resolved", "alerts": [item["alert"]]})
-            except PayloadError as exc:
-                raise StateError(f"held.{node}: {exc}") from exc
+            alerts = stored_alerts([item["alert"]], f"held.{node}", status="resolved")
             if rule is None:
                 logger.warning("%s: held reversal of rule %r dropped: no such rule", node, item.get("rule"))
                 continue
-            held.setdefault(str(node), []).extend((alert, rule) for alert in payload.alerts)
+            held.setdefault(str(node), []).extend((alert, rule) for alert in alerts)
     return held
