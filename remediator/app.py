@@ -164,6 +164,7 @@ async def show_state(request: web.Request) -> web.Response:
     if not _authorized(request):
         return _unauthorized(request)
     engine = request.app[ENGINE]
+    await engine.refresh()  # the nodes as they are now: a human's uncordon shows at once
     body = engine.status().as_json()
     body["dry_run"] = engine.settings.dry_run
     body["pending"] = [p.as_json() for p in engine.pending.values()]
@@ -221,6 +222,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    await request.app[ENGINE].refresh()  # the gauges show the nodes as they are now
     return web.Response(body=request.app[METRICS].exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -239,7 +241,7 @@ async def count_webhooks(request: web.Request, handler: Handler) -> web.StreamRe
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    """Read the gate state back from the cluster, then ready until shutdown."""
+    """Rebuild the view from the cluster, then ready until shutdown."""
     engine = app[ENGINE]
     await engine.start()
     status = engine.status()

@@ -29,7 +29,7 @@ from remediator.engine import AlertPlan, Engine, EngineSettings
 from remediator.executors import kubernetes as executors_kubernetes
 from remediator.executors.aws import AwsExecutor, AwsSettings
 from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings
-from remediator.executors.snapshot import RecordingAws, SnapshotCluster, SnapshotError
+from remediator.executors.snapshot import AwsOff, RecordingAws, SnapshotCluster, SnapshotError
 from remediator.payload import PayloadError, parse_body
 from remediator.policy import Policy, PolicyError, load_policy
 from remediator.repair import ExporterChecks, exporter_pod_endpoint, url_template_endpoint
@@ -172,7 +172,9 @@ def _serve_parser() -> argparse.ArgumentParser:
         default=DEFAULT_INTERVAL_SECONDS,
         help=f"seconds between two reads while leading (default {DEFAULT_INTERVAL_SECONDS:g})",
     )
-    aws = parser.add_argument_group("AWS (without --aws, AWS actions are only recorded)")
+    aws = parser.add_argument_group(
+        "AWS (without --aws, AWS actions are skipped, saying so; in dry-run or on a snapshot, recorded)"
+    )
     aws.add_argument("--aws", action="store_true", help="call Auto Scaling and CloudWatch for AWS actions")
     aws.add_argument("--aws-region", help="AWS region (default: from the environment)")
     aws.add_argument(
@@ -226,9 +228,12 @@ def _load(config: Path | None, snapshot: Path | None) -> tuple[Policy, SnapshotC
     return policy, cluster
 
 
-def _aws(args: argparse.Namespace) -> Aws:
+def _aws(args: argparse.Namespace, *, acts: bool) -> Aws:
+    """The AWS seam: boto3 with --aws; without it, a service that acts on a real cluster calls
+    nothing and says so (AWS actions skipped, never reported done); a dry run or a cluster snapshot
+    records what would have been called."""
     if not args.aws:
-        return RecordingAws()
+        return AwsOff() if acts else RecordingAws()
     dims = {}
     for item in args.cloudwatch_dimension:
         name, sep, value = item.partition("=")
@@ -308,7 +313,7 @@ def _service_app(
     engine = Engine(
         policy=policy,
         cluster=cluster,
-        aws=_aws(args),
+        aws=_aws(args, acts=not args.dry_run and not isinstance(cluster, SnapshotCluster)),
         settings=EngineSettings(dry_run=args.dry_run, node_label=args.node_label),
         clock=time.time,
     )
@@ -320,6 +325,7 @@ def _service_app(
             reconcile=engine.reconcile,
             ready=lambda: leading() and engine.synced,
         )
+        engine.alertmanager = poller.client.fetch  # a new leader's one read before it is ready
         logger.info("desired state: Alertmanager API at %s", ", ".join(am_settings.urls))
     app = create_app(
         engine=engine,

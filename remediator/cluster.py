@@ -10,10 +10,12 @@ issues implement the same Protocols. This module imports no client library: it i
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
+
+from remediator.record import RecordChange
 
 
 class BackendUnavailable(RuntimeError):
@@ -21,7 +23,7 @@ class BackendUnavailable(RuntimeError):
 
 
 class StateConflict(BackendUnavailable):
-    """The stored gate state changed since it was read (another writer): read again, merge, retry."""
+    """The stored gates changed since they were read (another writer): read again, re-apply, retry."""
 
 
 class ObjectFormatError(ValueError):
@@ -339,33 +341,45 @@ class Cluster(Protocol):
         """All PodDisruptionBudgets."""
         ...
 
-    async def cordon(self, node: str) -> bool:
+    # Every write below takes `record`: a change to the node's record (remediator/record.py) made in
+    # the same request as the write, computed from the node as it is just before the write.
+
+    async def cordon(self, node: str, *, record: RecordChange | None = None) -> bool:
         """Set spec.unschedulable=true and record that this service did. True when this call cordoned
-        it; False when it was already cordoned (by someone else: not claimed)."""
+        it; False when it was already cordoned (by someone else: not claimed, `record` not written)."""
         ...
 
-    async def uncordon(self, node: str) -> bool:
+    async def uncordon(self, node: str, *, record: RecordChange | None = None) -> bool:
         """Set spec.unschedulable=false, only if this service cordoned it and nobody changed the
         cordon since. True when this call uncordoned it."""
         ...
 
-    async def add_taint(self, node: str, taint: Taint) -> None:
+    async def add_taint(self, node: str, taint: Taint, *, record: RecordChange | None = None) -> None:
         """Add (or replace, by key and effect) a taint."""
         ...
 
-    async def remove_taint(self, node: str, taint: Taint) -> None:
-        """Remove the taint with this key and effect (no-op when absent)."""
+    async def remove_taint(self, node: str, taint: Taint, *, record: RecordChange | None = None) -> None:
+        """Remove the taint with this key, effect and value, only if this service added it."""
         ...
 
-    async def set_condition(self, node: str, condition: NodeCondition) -> None:
-        """Upsert a node condition by type (status subresource)."""
+    async def set_condition(
+        self,
+        node: str,
+        condition: NodeCondition,
+        *,
+        record: RecordChange | None = None,
+        annotations: Mapping[str, str | None] | None = None,
+    ) -> None:
+        """Upsert a node condition by type (status subresource), with `annotations` in the same write."""
         ...
 
     async def record_event(self, *, node: str, reason: str, message: str, type_: str) -> None:
         """Record a Kubernetes Event about the node."""
         ...
 
-    async def annotate_node(self, node: str, annotations: Mapping[str, str | None]) -> None:
+    async def annotate_node(
+        self, node: str, annotations: Mapping[str, str | None], *, record: RecordChange | None = None
+    ) -> None:
         """Set (None: remove) this service's annotations on the node (remediator/repair.py's record)."""
         ...
 
@@ -379,8 +393,23 @@ class Cluster(Protocol):
         """Create a policy/v1 Eviction for the pod."""
         ...
 
-    async def drain(self, node: str, settings: DrainSettings) -> DrainOutcome:
+    async def start_drain(
+        self, node: str, settings: DrainSettings, *, record: RecordChange | None = None
+    ) -> None:
+        """Cordon the node (claimed when this call cordons it), record the drain's start and deadline
+        (kept when a drain of it is already running: it resumes) and `record`, in one write. Made
+        before the webhook is answered; `drain` then runs the evictions."""
+        ...
+
+    async def drain(
+        self,
+        node: str,
+        settings: DrainSettings,
+        *,
+        ended: Callable[[], RecordChange | None] | None = None,
+    ) -> DrainOutcome:
         """Cordon (if needed) and drain the node like `kubectl drain`, until done or the deadline.
+        The write that records the end (or the refusal) carries `ended()`, asked for at that moment.
 
         Pods that need permission the settings do not give (bare pods, emptyDir data) refuse the
         drain before any eviction (completed and timed_out both false). May take as long as
@@ -390,20 +419,38 @@ class Cluster(Protocol):
         """
         ...
 
-    async def load_gate_state(self) -> Mapping[str, Any] | None:
-        """The gate-state document last saved (remediator/state.py), or None when there is none yet."""
+    async def load_gates(self) -> Mapping[str, Any] | None:
+        """The gates document last saved (remediator/state.py: pause switch, breaker latch), or None."""
         ...
 
-    async def save_gate_state(self, document: Mapping[str, Any]) -> None:
-        """Store the gate-state document (JSON-serialisable, at most about 1 MiB), replacing the one
-        last read or written by this backend; StateConflict when another writer changed it since.
-        Kept in the cluster so that budgets, the breaker and idempotency survive restarts and
-        fail-overs. A mutating call: never made in dry-run."""
+    async def save_gates(self, document: Mapping[str, Any]) -> None:
+        """Store the gates document (under 1 KiB), replacing the one last read or written by this
+        backend; StateConflict when another writer changed it since. A mutating call: never made in
+        dry-run."""
+        ...
+
+    async def load_legacy_state(self) -> Mapping[str, Any] | None:
+        """The whole gate-state document an older release kept in one object, if it is still there."""
+        ...
+
+    async def delete_legacy_state(self) -> None:
+        """Delete that document (a new leader moved what still matters onto the nodes)."""
         ...
 
 
 class Aws(Protocol):
     """The AWS calls the engine makes. Methods raise BackendUnavailable when retrying could help."""
+
+    @property
+    def enabled(self) -> bool:
+        """False when this service makes no AWS calls at all (run without --aws): AWS actions are
+        then skipped, saying so, and never reported as done."""
+        ...
+
+    async def health(self, instance_id: str) -> str | None:
+        """The instance's HealthStatus in its Auto Scaling group (`Healthy`, `Unhealthy`), or None
+        when it is in no group (DescribeAutoScalingInstances)."""
+        ...
 
     async def set_unhealthy(self, instance_id: str) -> bool:
         """SetInstanceHealth(Unhealthy, ShouldRespectGracePeriod=False): the ASG replaces it. False

@@ -7,11 +7,9 @@ delivery of it (set it above the longest repeat_interval of the routes to this s
 is a cause: the node it names, the rule that matched, and what that rule holds on the node (cordon,
 taints by key, conditions by type). A hold is released only when no cause asking for it is left.
 
-The set is kept in the gate-state document, so a new leader starts from what fired before it led.
-A resend of an alert already known only moves its expiry on; that is worth a write of the document
-only once the expiry moved by more than `REFRESH_FRACTION` of `expiry_seconds` since it was last
-written, so resends (and Alertmanager API reads every 30 s) of a storm that holds still write nothing,
-and a new leader's copy expires an alert at most that fraction early.
+The set lives in memory. A new leader starts from the alerts whose episodes are recorded on the
+nodes they hold (remediator/record.py), each with a fresh expiry, and from one read of Alertmanager's
+API when it has one; the webhook deliveries that follow complete it.
 """
 
 from __future__ import annotations
@@ -25,10 +23,6 @@ from remediator.policy import AddTaint, Cordon, Drain, Rule, SetCondition
 
 DEFAULT_EXPIRY_SECONDS = 4 * 3600.0 + 600.0
 """Alertmanager's default repeat_interval (4 h) plus a group_interval and slack."""
-REFRESH_FRACTION = 0.01
-"""How far (as a share of the expiry) a known alert's expiry moves on before the change is worth a
-write: 150 s of the default policy's 15,000 s, well inside the 10 minutes of slack above a 4 h
-repeat_interval."""
 
 
 def holds_of(rule: Rule) -> frozenset[str]:
@@ -66,8 +60,6 @@ class Cause:
     """The alert's labels (to decide its resolve when Alertmanager no longer shows it)."""
     starts_at: str = ""
     """Its startsAt (part of the idempotency key of that resolve)."""
-    written: float = 0.0
-    """The expiry as last reported worth writing (see `REFRESH_FRACTION`); not stored itself."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -78,17 +70,6 @@ class Cause:
             "labels": dict(self.labels),
             "startsAt": self.starts_at,
         }
-
-
-def _same(a: Cause, b: Cause) -> bool:
-    """The same alert as far as the stored document goes, expiry aside."""
-    return (a.alertname, a.rule, a.holds, a.labels, a.starts_at) == (
-        b.alertname,
-        b.rule,
-        b.holds,
-        b.labels,
-        b.starts_at,
-    )
 
 
 class FiringSet:
@@ -109,10 +90,8 @@ class FiringSet:
         rule: Rule,
         labels: Mapping[str, str] | None = None,
         starts_at: str = "",
-    ) -> bool:
-        """A delivery says this alert fires: (re)start its expiry. True when the stored document
-        should be written: the alert is new or changed (rule, labels, startsAt), or its expiry moved
-        on by more than `REFRESH_FRACTION` since last reported."""
+    ) -> None:
+        """A delivery says this alert fires: (re)start its expiry."""
         expires = self._clock() + self.expiry_seconds
         cause = Cause(
             fingerprint=fingerprint,
@@ -123,30 +102,19 @@ class FiringSet:
             labels=dict(labels or {}),
             starts_at=starts_at,
         )
-        old = self._causes.get(node, {}).get(fingerprint)
-        if old is not None and _same(old, cause) and not self._stale(old, expires):
-            cause.written, changed = old.written, False
-        else:
-            cause.written, changed = expires, True
         self._causes.setdefault(node, {})[fingerprint] = cause
         self._next_expiry = min(self._next_expiry, expires)
-        return changed
 
-    def _stale(self, cause: Cause, expires: float) -> bool:
-        """Whether moving `cause`'s expiry to `expires` is worth a write."""
-        return expires - cause.written > self.expiry_seconds * REFRESH_FRACTION
-
-    def touch(self, node: str, fingerprint: str) -> bool:
-        """Alertmanager still shows this alert (silenced or inhibited): keep it, restart its expiry.
-        True when it was known and the move is worth a write (see `firing`)."""
+    def touch(self, node: str, fingerprint: str) -> None:
+        """Alertmanager still shows this alert (silenced or inhibited): keep it, restart its expiry."""
         cause = self._causes.get(node, {}).get(fingerprint)
-        if cause is None:
-            return False
-        cause.expires = self._clock() + self.expiry_seconds
-        if not self._stale(cause, cause.expires):
-            return False
-        cause.written = cause.expires
-        return True
+        if cause is not None:
+            cause.expires = self._clock() + self.expiry_seconds
+
+    def known(self, node: str, fingerprint: str) -> Cause | None:
+        """The cause of this alert on `node`, if it fires now."""
+        self._prune()
+        return self._causes.get(node, {}).get(fingerprint)
 
     def all(self) -> list[tuple[str, Cause]]:
         """Every (node, cause) firing now."""
@@ -195,45 +163,3 @@ class FiringSet:
     def as_json(self) -> dict[str, dict[str, Any]]:
         self._prune()
         return {n: {fp: c.as_json() for fp, c in cs.items()} for n, cs in sorted(self._causes.items())}
-
-    def to_state(self) -> dict[str, dict[str, Any]]:
-        return self.as_json()
-
-    def load_state(self, doc: Mapping[str, Any]) -> None:
-        loaded: dict[str, dict[str, Cause]] = {}
-        for node, causes in doc.items():
-            if not isinstance(causes, Mapping):
-                raise ValueError(f"{node}: expected a mapping of fingerprint -> cause")
-            for fp, raw in causes.items():
-                if not isinstance(raw, Mapping):
-                    raise ValueError(f"{node}.{fp}: expected a mapping")
-                expires = raw.get("expires")
-                holds = raw.get("holds", [])
-                labels = raw.get("labels", {})
-                if not isinstance(labels, Mapping):
-                    raise ValueError(f"{node}.{fp}.labels: expected a mapping")
-                if isinstance(expires, bool) or not isinstance(expires, int | float):
-                    raise ValueError(f"{node}.{fp}.expires: expected a number")
-                if not isinstance(holds, list):
-                    raise ValueError(f"{node}.{fp}.holds: expected a list")
-                loaded.setdefault(str(node), {})[str(fp)] = Cause(
-                    fingerprint=str(fp),
-                    alertname=str(raw.get("alertname", "")),
-                    rule=str(raw.get("rule", "")),
-                    holds=frozenset(str(h) for h in holds),
-                    expires=float(expires),
-                    labels={str(k): str(v) for k, v in labels.items()},
-                    starts_at=str(raw.get("startsAt", "")),
-                    written=float(expires),
-                )
-        self._causes = loaded
-        self._next_expiry = min((c.expires for cs in loaded.values() for c in cs.values()), default=math.inf)
-
-    def merge(self, other: FiringSet) -> None:
-        """Add the causes of `other` that this set lacks (used when two writers met on the document)."""
-        for node, causes in other._causes.items():
-            mine = self._causes.setdefault(node, {})
-            for fp, cause in causes.items():
-                if fp not in mine or mine[fp].expires < cause.expires:
-                    mine[fp] = cause
-                    self._next_expiry = min(self._next_expiry, cause.expires)

@@ -2,8 +2,8 @@
 
 Only the leader acts. `install(app, elector, replica=engine)` wires the election into the aiohttp
 service: the elector runs for the application's lifetime; a replica that becomes leader reads the
-gate state again (`replica.became_leader()`, then `replica.sync()`) and `/readyz` answers 200 only
-once that is done and while it leads (so the Service sends Alertmanager's deliveries to the leader).
+view again from the cluster (`replica.became_leader()`, then `replica.sync()`, retried with back-off
+until it succeeds) and `/readyz` answers 200 only once that is done and while it leads (so the Service sends Alertmanager's deliveries to the leader).
 A follower serves nothing that shows or changes the gates: `/alerts`, `/actions`, `/state`,
 `/pause` and `/resume` answer 503 naming the leader (a follower's log and gates are stale, and a
 pause set in its memory would act nowhere); the operator asks again (the Service routes to the
@@ -25,6 +25,7 @@ import datetime
 import json
 import logging
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -123,8 +124,15 @@ class LeaderElector:
 
     @property
     def is_leader(self) -> bool:
-        """True while this replica holds the Lease."""
-        return self._leader
+        """True while this replica holds the Lease: it acquired it, and its last successful renewal
+        began less than the renew deadline ago (on this process's monotonic clock). The second part
+        fences a replica that was paused (stopped, starved) past its Lease: when it runs again it
+        writes nothing, even before its renew loop has noticed it lost, while another replica leads."""
+        if not self._leader:
+            return False
+        election = self._election
+        renewed = election.renewed_at if election is not None else None
+        return renewed is None or time.monotonic() - renewed < self.settings.renew_deadline_seconds
 
     @property
     def leader_identity(self) -> str | None:
@@ -218,6 +226,16 @@ class _LeaderElection(leaderelection.LeaderElection):
     down. The library checks its deadline only between attempts, so one hung request kept a leader
     acting for as long as the client's timeout (300 s), long after a follower took the Lease over.
     A transport error or a timed-out request is a failed attempt, retried within the deadline."""
+
+    renewed_at: float | None = None
+    """Monotonic time at which the last successful acquire or renew request began."""
+
+    async def try_acquire_or_renew(self) -> bool:
+        began = time.monotonic()
+        ok: bool = await super().try_acquire_or_renew()
+        if ok:
+            self.renewed_at = began  # the Lease runs from before the request, never from after
+        return ok
 
     async def renew_loop(self) -> None:
         retry = self.election_config.retry_period
@@ -346,6 +364,11 @@ class _Synced:
         return None
 
 
+RESYNC_FIRST_SECONDS = 0.5
+"""First wait after a failed rebuild of a new leader; doubled after each failure."""
+RESYNC_MAX_SECONDS = 5.0
+"""Longest wait between two rebuild attempts."""
+
 ELECTOR = web.AppKey("leader_elector", LeaderElector)
 REPLICA = web.AppKey("leader_replica", Replica)
 LEADER_ONLY = frozenset({"/alerts", "/actions", "/state", "/pause", "/resume"})
@@ -360,7 +383,7 @@ async def _leader_only(
     replica = request.app[REPLICA]
     if elector.is_leader:
         if request.path == "/readyz" and not replica.synced:
-            return web.Response(text="not ready: leader, reading the gate state\n", status=503)
+            return web.Response(text="not ready: leader, rebuilding its view from the nodes\n", status=503)
         return await handler(request)
     if request.path == "/readyz":
         return web.Response(text="not ready: not the leader\n", status=503)
@@ -386,10 +409,18 @@ def install(app: web.Application, elector: LeaderElector, *, replica: Replica | 
     tasks: set[asyncio.Task[None]] = set()
 
     async def resync() -> None:
-        try:
-            await app[REPLICA].sync()
-        except Exception:  # the next delivery reads it again; /readyz stays 503 until then
-            logger.exception("reading the gate state after becoming leader failed")
+        """Rebuild until it succeeds, while this replica leads: /readyz stays 503 until then, and
+        an API that comes back is noticed within `RESYNC_MAX_SECONDS`."""
+        delay = RESYNC_FIRST_SECONDS
+        while elector.is_leader:
+            try:
+                await app[REPLICA].sync()
+            except Exception as exc:  # noqa: BLE001  any failure of the rebuild: logged, retried
+                logger.warning("rebuilding after becoming leader failed (%s); again in %.1f s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RESYNC_MAX_SECONDS)
+                continue
+            return
 
     def on_change(leading: bool) -> None:
         if not leading:

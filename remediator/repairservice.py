@@ -40,7 +40,7 @@ def install(
         policy=engine.policy,
         cluster=cluster,
         verifier=verifier,
-        firing=lambda node: engine.state.firing.causes(node),  # noqa: PLW0108  engine.state is replaced on every re-read
+        firing=engine.causes,
         publish=engine.publish,
         dry_run=engine.settings.dry_run,
     )

@@ -11,9 +11,10 @@ The gates, in the order the engine asks them:
 - `ScopedBudgets`: a policy rule's own budget, counted the same way over the nodes its selector
   covers (one node pool, one instance type); asked after the global budget, same gate name.
 
-Every gate can write its state to and read it from a JSON-able mapping (remediator/state.py puts
-them together into the document the cluster keeps), so budgets and the breaker survive restarts.
-Nothing here imports aiohttp, kubernetes or boto3.
+The pause switch and the breaker's latch are written to a small document the cluster keeps
+(remediator/state.py); the budget's holds and the rate limits' times are derived from the nodes
+(remediator/record.py), so both survive restarts and fail-overs without a document that grows with
+the fleet. Nothing here imports aiohttp, kubernetes or boto3.
 """
 
 from __future__ import annotations
@@ -367,22 +368,12 @@ class RateLimiter:
         """Actions counted in the current window, per limited kind."""
         return {kind: len(self._prune(kind)) for kind in self._limits}
 
-    def to_state(self) -> dict[str, Any]:
-        return {kind: list(self._prune(kind)) for kind in self._limits}
-
-    def merge(self, other: RateLimiter) -> None:
-        """Add the actions `other` counted that this one lacks."""
-        for kind, times in other._times.items():
+    def reset(self, times: Iterable[tuple[str, float]]) -> None:
+        """Start over from these (kind, time) actions (a new leader's, read off the nodes)."""
+        self._times = {kind: deque() for kind in self._limits}
+        for kind, at in sorted(times, key=lambda item: item[1]):
             if kind in self._times:
-                self._times[kind] = deque(sorted(set(self._times[kind]) | set(times)))
-
-    def load_state(self, doc: Mapping[str, Any]) -> None:
-        for kind, times in doc.items():
-            if kind not in self._limits:
-                continue  # the limit was removed from the policy since
-            if not isinstance(times, list):
-                raise ValueError(f"{kind}: expected a list of times")
-            self._times[kind] = deque(sorted(_float({"t": t}, "t") for t in times))
+                self._times[kind].append(at)
 
 
 # -- disruption budget -------------------------------------------------------------------------
@@ -416,10 +407,17 @@ class DisruptionBudget:
         """Eligible nodes out of service for other reasons (node -> unschedulable or NotReady), as
         last observed: they count against the budget too, as MHC's maxUnhealthy counts them."""
 
-    def observe(self, nodes: Iterable[Node], settings: SafetySettings) -> None:
-        """Take the eligible nodes and those already out of service from the cluster as it is now."""
+    def observe(
+        self, nodes: Iterable[Node], settings: SafetySettings, *, holds: Mapping[str, Hold] | None = None
+    ) -> None:
+        """Take the eligible nodes, those already out of service and (`holds`, derived from the
+        nodes themselves) this service's live holds from the cluster as it is now. Holds of dry-run
+        decisions are kept: nothing on the nodes shows them."""
         listed = [n for n in nodes if eligible(n, settings)]
         self.eligible = len(listed)
+        if holds is not None:
+            dry = {n: h for n, h in self._holds.items() if h.dry_run and n not in holds}
+            self._holds = {**dict(holds), **dry}
         self.others = {
             n.name: why for n in listed if n.name not in self._holds and (why := disrupted_reason(n))
         }
@@ -482,27 +480,13 @@ class DisruptionBudget:
             hold.dry_run = False
         hold.kinds.add(kind)
 
-    def release(self, node: str) -> bool:
-        return self._holds.pop(node, None) is not None
-
-    def to_state(self) -> dict[str, Any]:
-        """Holds by real (not dry-run) decisions only."""
-        return {
-            node: {"since": h.since, "kinds": sorted(h.kinds)}
-            for node, h in sorted(self._holds.items())
-            if not h.dry_run
-        }
-
-    def load_state(self, doc: Mapping[str, Any]) -> None:
-        holds = {}
-        for node, raw in doc.items():
-            if not isinstance(raw, Mapping):
-                raise ValueError(f"{node}: expected a mapping with since and kinds")
-            kinds = raw.get("kinds", [])
-            if not isinstance(kinds, list):
-                raise ValueError(f"{node}.kinds: expected a list")
-            holds[str(node)] = Hold(since=_float(raw, "since"), dry_run=False, kinds={str(k) for k in kinds})
-        self._holds = holds
+    def release_dry(self, node: str) -> bool:
+        """A dry-run decision gave the node back (live holds follow the nodes: see `observe`)."""
+        hold = self._holds.get(node)
+        if hold is None or not hold.dry_run:
+            return False
+        del self._holds[node]
+        return True
 
 
 # -- a rule's own budget -------------------------------------------------------------------------

@@ -28,23 +28,25 @@ human decides. An alert that resolves while its drain runs lets the drain finish
 reversed) and its later actions are skipped. A drain interrupted by the backend (unreachable, not the
 leader) or by shutdown is not decided: the next delivery starts it again, and the executor resumes
 it with its original deadline. Dry-run takes exactly the same path and changes nothing: no call
-that mutates the cluster or AWS, no gate-state write. Gate state lives in the cluster (see
-remediator/state.py): read at `start()` and again on becoming leader, written after each delivery
-that changed it, with a resourceVersion precondition.
+that mutates the cluster or AWS, nothing written. What the engine must remember lives on the nodes it
+acts on (remediator/record.py): each write that acts also records, in the same request, which alert
+episode it was for and which step; a new leader rebuilds budget holders, ownership, idempotency,
+running drains and rate-limit times from the nodes before it is ready. The pause switch and the
+breaker's latch, which no node can hold, are one small document written only when they change
+(remediator/state.py).
 
-The parts, each a layer over the one before it (one concern per module):
+The parts, each handed its collaborators (composition, not a chain of subclasses):
 
 - `model`: settings, results, plans, pending actions, the gates at a glance, running drains;
-- `stored`: alerts as documents and the deliveries the engine makes up (API view, resume);
-- `base`: shared state, decision records, deferrals;
-- `state_sync`: the gate state read from and written to the cluster;
-- `gates`: pause, breaker, order, rate limits, budget, holds of other causes;
-- `events`: the node's Events;
-- `node_actions`, `aws_actions`: each action against its target;
-- `drains`: drains in the background and what follows them;
-- `pipeline`: one alert's actions in order, through idempotency and the gates;
-- `intake`: desired state (webhooks, Alertmanager's API) and observed state (nodes);
-- `core`: the `Engine` the service uses (sync on leadership, stop, status).
+- `records`: `NodeView`, the nodes and this service's record on each (remediator/record.py);
+- `gates`: `Gates` (pause, breaker, order, rate limits, budgets) and `LatchStore` (the gates document);
+- `events`: `EventRecorder`, the node's Events;
+- `node_actions`, `aws_actions`: `NodeActuator`, `AwsActuator`, each action against its target;
+- `drains`: `DrainRunner`, drains in the background;
+- `pipeline`: `Reconciler`, one alert's actions in order, through idempotency and the gates;
+- `migrate`: an older release's gate-state document moved onto the nodes, once;
+- `stored`: the deliveries the engine makes up (Alertmanager's view, a resolve, a resumed drain);
+- `core`: the `Engine` the service uses (intake, the rebuild of a new leader, status).
 """
 
 from remediator.engine.core import Engine

@@ -1,22 +1,40 @@
 """The AWS actions: mark the instance Unhealthy in its Auto Scaling group (or hand a node no group
-replaces to its provisioner), reboot it, put a CloudWatch metric."""
+replaces to its provisioner), reboot it, put a CloudWatch metric.
+
+An AWS call and the node write that records it cannot be one request, so the intent is written first
+(the node's record says the step was asked for, in the write that also carries what happened before
+it), then the call is made. A leader that finds an intent it did not see done itself (a fail-over
+between the two) reads the instance's state before it calls again: an instance already Unhealthy, or
+gone from its group, is not marked twice."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from remediator.cluster import Node, NodeCondition, instance_id_from_provider_id
+from remediator.cluster import Aws, Cluster, Node, NodeCondition, instance_id_from_provider_id
+from remediator.engine.gates import Gates
 from remediator.engine.model import ActionResult, Context
-from remediator.engine.node_actions import NodeActions
+from remediator.engine.node_actions import done
 from remediator.policy import AwsReboot, CloudWatchMetric
 from remediator.repair import karpenter_managed, reboot_step, rebooted_annotation
 
+OFF = (
+    "AWS calls are off (the remediator runs without --aws): {what}; the aws overlay "
+    "(deploy/overlays/aws) turns them on"
+)
 
-class AwsActions(NodeActions):
-    """AWS actions."""
 
-    async def _aws_unhealthy(  # noqa: PLR0911  one return per outcome: skipped, deferred, handed over, done
+class AwsActuator:
+    """Auto Scaling, EC2 and CloudWatch actions, through the gates."""
+
+    def __init__(self, *, aws: Aws, cluster: Cluster, gates: Gates, clock: Callable[[], float]) -> None:
+        self._aws = aws
+        self._cluster = cluster
+        self._gates = gates
+        self._clock = clock
+
+    async def unhealthy(  # noqa: PLR0911  one return per outcome: skipped, deferred, handed over, done
         self, ctx: Context, node: Node, *, handover: str = "", why: str = ""
     ) -> ActionResult:
         instance = instance_id_from_provider_id(node.provider_id)
@@ -24,16 +42,24 @@ class AwsActions(NodeActions):
             return ActionResult(
                 "skipped", f"no EC2 instance id in spec.providerID ({node.provider_id or 'empty'})"
             )
-        hold = self.state.budget.holders().get(node.name)
+        hold = self._gates.budget.holders().get(node.name)
         if hold is not None and "aws_set_unhealthy" in hold.kinds and hold.dry_run == ctx.dry_run:
             return ActionResult("skipped", f"{instance} already marked Unhealthy by accel-health")
-        if (held := await self._gates(ctx, "aws_set_unhealthy", node.name)) is not None:
-            return held
         details = {"instance_id": instance, **({"escalated": why} if why else {})}
         prefix = f"{why}; " if why else ""
+        asked = bool(ctx.intent >> ctx.index & 1)
+        if asked and handover and _handed_over(node, handover):
+            return self._marked(ctx, node, prefix, details, f"{handover}=False already set (asked for before)")
+        if (held := self._gates.check(ctx, "aws_set_unhealthy", node.name)) is not None:
+            return held
         if handover and karpenter_managed(node):
             return await self._handover(ctx, node, handover, prefix, details)
-        if not ctx.dry_run and not await self._aws.set_unhealthy(instance):
+        if ctx.dry_run:
+            return self._marked(ctx, node, prefix, details)
+        if not self._aws.enabled:
+            return ActionResult("skipped", OFF.format(what="nothing marked, nothing replaces the node"))
+        state = await self._aws.health(instance)
+        if state is None:
             if handover:
                 return await self._handover(ctx, node, handover, prefix, details)
             return ActionResult(
@@ -42,9 +68,29 @@ class AwsActions(NodeActions):
                 "nothing marked, nothing replaces it; a human decides",
                 details=details,
             )
-        self._commit(ctx, "aws_set_unhealthy", node.name)
-        text = f"{instance} Unhealthy in its Auto Scaling group (no grace period): it gets replaced"
-        return self._done(ctx, f"{prefix}marked {text}", would=f"{prefix}would mark {text}", details=details)
+        if state != "Healthy" and asked:
+            return self._marked(ctx, node, prefix, details, f"already {state} (asked for before a fail-over)")
+        if state != "Healthy":
+            return ActionResult(
+                "skipped", f"{instance} is already {state} in its Auto Scaling group (not by accel-health)"
+            )
+        # The intent first: a fail-over after this write reads the instance's state before calling.
+        await self._cluster.annotate_node(
+            node.name, {}, record=ctx.record("aws_set_unhealthy", self._clock())
+        )
+        if not await self._aws.set_unhealthy(instance) and handover:
+            return await self._handover(ctx, node, handover, prefix, details)
+        return self._marked(ctx, node, prefix, details)
+
+    def _marked(
+        self, ctx: Context, node: Node, prefix: str, details: Mapping[str, Any], how: str = ""
+    ) -> ActionResult:
+        self._gates.commit(ctx, "aws_set_unhealthy", node.name)
+        text = f"{details['instance_id']} Unhealthy in its Auto Scaling group (no grace period): it gets replaced"
+        suffix = f" ({how})" if how else ""
+        return done(
+            ctx, f"{prefix}marked {text}{suffix}", would=f"{prefix}would mark {text}", details=details
+        )
 
     async def _handover(
         self, ctx: Context, node: Node, condition_type: str, prefix: str, details: Mapping[str, Any]
@@ -60,17 +106,19 @@ class AwsActions(NodeActions):
             ),
         )
         if not ctx.dry_run:
-            await self._cluster.set_condition(node.name, cond)
-        self._commit(ctx, "aws_set_unhealthy", node.name)
+            await self._cluster.set_condition(
+                node.name, cond, record=ctx.record("aws_set_unhealthy", self._clock())
+            )
+        self._gates.commit(ctx, "aws_set_unhealthy", node.name)
         text = f"{condition_type}=False for the node's own provisioner (no Auto Scaling group call)"
-        return self._done(
+        return done(
             ctx,
             f"{prefix}handed over: set {text}",
             would=f"{prefix}would hand over: set {text}",
             details={**details, "handover_condition": condition_type},
         )
 
-    async def _aws_reboot(self, ctx: Context, node: Node, action: AwsReboot) -> ActionResult:
+    async def reboot(self, ctx: Context, node: Node, action: AwsReboot) -> ActionResult:
         instance = instance_id_from_provider_id(node.provider_id)
         if instance is None:
             return ActionResult(
@@ -78,35 +126,47 @@ class AwsActions(NodeActions):
             )
         step, why = reboot_step(node, action, now=self._clock())
         if step == "replace":
-            return await self._aws_unhealthy(ctx, node, handover=action.handover_condition, why=why)
+            return await self.unhealthy(ctx, node, handover=action.handover_condition, why=why)
         if step == "wait":
             return ActionResult("skipped", why, details={"instance_id": instance})
-        if (held := await self._gates(ctx, "aws_reboot", node.name)) is not None:
+        if (held := self._gates.check(ctx, "aws_reboot", node.name)) is not None:
             return held
         if not ctx.dry_run:
-            await self._cluster.annotate_node(node.name, rebooted_annotation(node, now=self._clock()))
+            if not self._aws.enabled:
+                return ActionResult("skipped", OFF.format(what=f"{instance} not rebooted"))
+            await self._cluster.annotate_node(
+                node.name,
+                rebooted_annotation(node, now=self._clock()),
+                record=ctx.record("aws_reboot", self._clock()),
+            )
             await self._aws.reboot(instance)
-        self._commit(ctx, "aws_reboot", node.name)
-        return self._done(
+        self._gates.commit(ctx, "aws_reboot", node.name)
+        return done(
             ctx,
             f"asked EC2 to reboot {instance} ({why})",
             would=f"would ask EC2 to reboot {instance} ({why})",
             details={"instance_id": instance},
         )
 
-    async def _metric(self, ctx: Context, node: Node, action: CloudWatchMetric) -> ActionResult:
+    async def metric(self, ctx: Context, node: Node, action: CloudWatchMetric) -> ActionResult:
         dims = {"node": node.name, "alertname": ctx.alert.labels.get("alertname", "")}
         instance = instance_id_from_provider_id(node.provider_id)
         if instance:
             dims["InstanceId"] = instance
-        if (held := await self._gates(ctx, "cloudwatch_metric", node.name)) is not None:
+        if (held := self._gates.check(ctx, "cloudwatch_metric", node.name)) is not None:
             return held
         if not ctx.dry_run:
+            if not self._aws.enabled:
+                return ActionResult("skipped", OFF.format(what="no metric published"))
             await self._aws.put_metric(
                 namespace=action.namespace, name=action.metric_name, value=1.0, dimensions=dims
             )
-        self._commit(ctx, "cloudwatch_metric", node.name)
+        self._gates.commit(ctx, "cloudwatch_metric", node.name)
         text = f"{action.namespace}/{action.metric_name}=1 {dims}"
-        return self._done(
+        return done(
             ctx, f"put metric {text}", would=f"would put metric {text}", details={"dimensions": dims}
         )
+
+
+def _handed_over(node: Node, condition_type: str) -> bool:
+    return any(c.type == condition_type and c.status == "False" for c in node.conditions)

@@ -1,29 +1,179 @@
-"""The engine as the service uses it: lifecycle (sync on leadership, drains waited for or stopped) and
-the gates at a glance."""
+"""The engine the service uses: its parts put together, the intake of desired state (webhook
+deliveries, Alertmanager's API), a new leader's rebuild from the nodes, and the gates at a glance."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
-from remediator.engine.intake import Intake
-from remediator.engine.model import GateStatus
-from remediator.engine.stored import made_up_payload
+from remediator.alertmanager import AlertmanagerView
+from remediator.audit import DecisionLog, DecisionRecord
+from remediator.cluster import Aws, BackendUnavailable, Cluster, Node
+from remediator.desired import Cause, FiringSet
+from remediator.engine.aws_actions import AwsActuator
+from remediator.engine.drains import DrainRunner
+from remediator.engine.events import EventRecorder
+from remediator.engine.gates import Gates, LatchStore
+from remediator.engine.migrate import migrate_legacy_state
+from remediator.engine.model import AlertPlan, EngineSettings, GateStatus, Observed, PendingAction
+from remediator.engine.node_actions import NodeActuator, Quarantine
+from remediator.engine.pipeline import Decided, Decisions, Key, Reconciler
+from remediator.engine.records import NodeView, taint_values
+from remediator.engine.stored import made_up_payload, resolved_alert
+from remediator.payload import Alert, WebhookPayload
+from remediator.policy import Drain, Policy, Selection
+from remediator.record import DRAIN_STATUS, Episode, starts_at_text
+from remediator.safety import DisruptionBudget
 
 logger = logging.getLogger("remediator.decisions")
 
+AlertmanagerRead = Callable[[], Awaitable[AlertmanagerView | None]]
+ALERTMANAGER_READ_SECONDS = 2.0
+"""How long a new leader waits for its one Alertmanager read before it reports ready anyway (the
+poller keeps reading; until one answers, the nodes' records and the webhook are the desired state)."""
 
-class Engine(Intake):
-    """Turns webhook deliveries into decisions and actions. One per service; not thread-safe."""
+
+class Engine:
+    """Turns webhook deliveries into decisions and actions. One per service; not thread-safe.
+
+    Handed its collaborators (the cluster and AWS seams, the clock, optionally a decision log and the
+    repair loop's quarantine record), it builds its parts, each with a small interface of its own:
+    `NodeView` (the nodes and this service's records on them), `Gates` (+ `LatchStore`),
+    `EventRecorder`, `NodeActuator`, `AwsActuator`, `DrainRunner` and the `Reconciler` that decides
+    one alert's actions through them.
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        cluster: Cluster,
+        aws: Aws,
+        settings: EngineSettings,
+        clock: Callable[[], float],
+        log: DecisionLog | None = None,
+        quarantine: Quarantine | None = None,
+    ) -> None:
+        self.policy = policy
+        self.settings = settings
+        self._cluster = cluster
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        values = taint_values(policy.rules)
+        self.view = NodeView(cluster=cluster, taints=values)
+        self.gates = Gates(policy=policy, clock=clock, dry_run=settings.dry_run)
+        self.latches = LatchStore(cluster=cluster, clock=clock)
+        self.firing = FiringSet(clock=clock, expiry_seconds=policy.safety.alert_expiry_seconds)
+        """The desired state: the alerts firing now, per node."""
+        self.decided = Decided()
+        self.decisions = Decisions(log=log if log is not None else DecisionLog(), clock=clock)
+        self.events = EventRecorder(cluster=cluster, mode=policy.events, seen=self.decided.first)
+        self.drains = DrainRunner(
+            cluster=cluster, gates=self.gates, view=self.view, settings=settings.drain, clock=clock, lock=self._lock
+        )
+        actuator = NodeActuator(
+            cluster=cluster,
+            view=self.view,
+            gates=self.gates,
+            firing=self.firing,
+            draining=self.drains.draining,
+            taint_values=values,
+            clock=clock,
+            quarantine=quarantine,
+        )
+        self.reconciler = Reconciler(
+            policy=policy,
+            settings=settings,
+            view=self.view,
+            gates=self.gates,
+            firing=self.firing,
+            events=self.events,
+            nodes=actuator,
+            aws=AwsActuator(aws=aws, cluster=cluster, gates=self.gates, clock=clock),
+            drains=self.drains,
+            decisions=self.decisions,
+            decided=self.decided,
+            clock=clock,
+        )
+        self.alertmanager: AlertmanagerRead | None = None
+        """One read of Alertmanager's API, made by a new leader before it is ready (the service sets it)."""
+        self._synced = False
+        self._latch_dirty = False
+        self._resume: dict[str, list[Alert]] = {}
+        self.rebuilds = 0
+        """How often the view was rebuilt from the nodes (a metric for tests)."""
+
+    # -- what tests, the service and the metrics read ----------------------------------------------
+
+    @property
+    def log(self) -> DecisionLog:
+        return self.decisions.log
+
+    @property
+    def pending(self) -> Mapping[Key, PendingAction]:
+        """Deferred actions by idempotency key, oldest first."""
+        return self.reconciler.pending
+
+    @property
+    def budget(self) -> DisruptionBudget:
+        return self.gates.budget
+
+    @property
+    def suppressed(self) -> dict[str, str]:
+        return self.reconciler.suppressed
+
+    def subscribe(self, listener: Callable[[DecisionRecord], None]) -> None:
+        """Call `listener` with every new decision record (metrics, audit sinks)."""
+        self.decisions.subscribe(listener)
+
+    def publish(self, record: DecisionRecord) -> None:
+        """A decision made outside a delivery (the repair loop): logged and shown like the others."""
+        self.decisions.publish(record)
+
+    def causes(self, node: str) -> list[Cause]:
+        """The alerts firing now on `node` (the repair loop waits until none holds it)."""
+        return self.firing.causes(node)
+
+    # -- leadership and the rebuild ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Rebuild the view from the nodes now. Unusable stored gates pause the service (loudly);
+        BackendUnavailable propagates."""
+        async with self._lock:
+            await self._rebuild()
+
+    def became_leader(self) -> None:
+        """This replica now leads: what it derived before may be stale; it rebuilds before its next
+        decision (`synced` is False until then)."""
+        if not self.settings.dry_run:
+            self._synced = False
+
+    @property
+    def synced(self) -> bool:
+        """The view was rebuilt since start or since this replica last became the leader."""
+        return self._synced
 
     async def sync(self) -> None:
-        """Read the gate state now if it needs reading (a new leader does this before it is ready),
+        """Rebuild from the nodes if needed (a new leader does this before it is ready; raises
+        BackendUnavailable when the API cannot be read: the caller retries), read Alertmanager once,
         then resume the drains a previous leader left running: Alertmanager will not resend their
-        alerts for a repeat_interval. A resumed drain keeps its deadline (node annotations) and evicts
-        only what is still there; the actions before it are already decided (idempotency keys)."""
+        alerts for a repeat_interval."""
         async with self._lock:
-            await self._load()
-            resume = {n: a for n, a in self._resume.items() if n not in self._drains}
+            fresh = not self._synced
+            await self._rebuild()
+        if fresh and self.alertmanager is not None:
+            try:
+                async with asyncio.timeout(ALERTMANAGER_READ_SECONDS):
+                    view = await self.alertmanager()
+            except TimeoutError:
+                view = None
+                logger.warning("Alertmanager not read within %.0f s; ready without it", ALERTMANAGER_READ_SECONDS)
+            if view is not None:
+                await self.reconcile(view)
+        async with self._lock:
+            resume = {n: a for n, a in self._resume.items() if n not in self.drains.running}
             self._resume = {}
         for node, alerts in resume.items():
             logger.warning("resuming the drain of %s left running by the previous leader", node)
@@ -31,10 +181,185 @@ class Engine(Intake):
                 made_up_payload(alerts, group_key="accel-health/resume", receiver="accel-health-remediator")
             )
 
+    async def _rebuild(self) -> None:
+        """Derive what this replica must remember from the nodes: budget holders and ownership (read
+        afresh at every decision anyway), the alerts whose episodes hold nodes (desired state until
+        Alertmanager or a delivery says otherwise), rate-limit times, the drains to resume; read the
+        gates document; move an older release's document onto the nodes."""
+        if self._synced:
+            return
+        nodes = await self.view.all()
+        await self.latches.load(self.gates.pause, self.gates.breaker)
+        if not self.settings.dry_run:
+            try:
+                if await migrate_legacy_state(cluster=self._cluster, policy=self.policy, nodes=nodes):
+                    nodes = await self.view.all()
+            except BackendUnavailable as exc:  # a follower (NotLeader): the leader moves it
+                logger.info("the older release's gate state not moved now (%s)", exc)
+        self.gates.observe(nodes, self.view.holds(nodes))
+        self.gates.rebuild_rate_limits(
+            (kind, float(at)) for node in nodes for kind, at in self.view.record(node).times.items()
+        )
+        label = self.settings.node_label
+        resume: dict[str, list[Alert]] = {}
+        by_name = {n.name: n for n in nodes}
+        for name, episodes in self.view.episodes(nodes).items():
+            node = by_name[name]
+            for episode in episodes:
+                rule = self.policy.rule(episode.rule)
+                if rule is None:
+                    logger.warning("%s: episode of rule %r no longer in the policy; ignored", name, episode.rule)
+                    continue
+                alert = _alert_of(episode, node=name, label=label)
+                if self.firing.known(name, episode.fingerprint) is None:
+                    self.firing.firing(
+                        name,
+                        fingerprint=episode.fingerprint,
+                        alertname=episode.alertname,
+                        rule=rule,
+                        labels=alert.labels,
+                        starts_at=alert.starts_at,
+                    )
+                if node.annotations.get(DRAIN_STATUS) == "in-progress" and _waits_on_drain(rule, episode):
+                    resume.setdefault(name, []).append(alert)
+        self._resume = {} if self.settings.dry_run else resume
+        self._synced = True
+        self.rebuilds += 1
+        logger.info(
+            "rebuilt from %d node(s): %d held, %d with alerts recorded, %d drain(s) to resume; breaker %s, %s",
+            len(nodes),
+            len(self.gates.budget.holders()),
+            len(self.firing.nodes()),
+            len(resume),
+            "OPEN" if self.gates.breaker.open else "closed",
+            "PAUSED" if self.gates.pause.paused else "not paused",
+        )
+
+    # -- desired state in, decisions out ----------------------------------------------------------
+
+    async def handle(self, payload: WebhookPayload) -> list[AlertPlan]:
+        """Decide (and act) on every alert of a delivery, one delivery at a time."""
+        async with self._lock:
+            await self._rebuild()
+            try:
+                observed = await self._observe(payload)
+                plans = [await self.reconciler.handle_alert(o) for o in observed]
+                await self.reconciler.release_held({o.node_name for o in observed if o.alert.status == "resolved"})
+                return plans
+            finally:
+                await self._save_latches()
+
+    async def reconcile(self, view: AlertmanagerView) -> list[AlertPlan]:
+        """Converge on what Alertmanager shows now (remediator/alertmanager.py): decide the alerts
+        active there, keep (without acting) those silenced or inhibited, and resolve those this
+        service knew firing that no Alertmanager shows any more."""
+        async with self._lock:
+            await self._rebuild()
+            label = self.settings.node_label
+            suppressed = {fp: s.suppressed for fp, s in view.alerts.items() if s.suppressed}
+            self.reconciler.suppressed = suppressed
+            active = [s.alert for s in view.alerts.values() if not s.suppressed]
+            quiet: list[Alert] = []
+            for shown in view.alerts.values():
+                if shown.suppressed:
+                    self.firing.touch(shown.alert.labels.get(label, ""), shown.alert.fingerprint)
+                    quiet.append(shown.alert)
+            resolved = [
+                resolved_alert(cause.fingerprint, cause.labels, cause.starts_at, self._clock())
+                for _, cause in self.firing.all()
+                if cause.fingerprint not in view.alerts
+            ]
+        plans = [
+            self.reconciler.suppressed_plan(a, (await self.reconciler.select(a, a.labels.get(label, ""))).rule)
+            for a in quiet
+        ]
+        if active or resolved:
+            plans += await self.handle(made_up_payload([*active, *resolved], group_key="alertmanager-api"))
+        return plans
+
+    async def _observe(self, payload: WebhookPayload) -> list[Observed]:
+        """Update the desired state (alerts firing now) from the delivery, then the observed state
+        (eligible nodes, nodes out of service, this service's holds) and the breaker."""
+        label = self.settings.node_label
+        observed = []
+        acting = False
+        for alert in payload.alerts:
+            node_name = alert.labels.get(label, "")
+            chosen = await self.reconciler.select(alert, node_name) if node_name else Selection(None)
+            rule = chosen.rule
+            observed.append(Observed(alert=alert, node_name=node_name, rule=rule, passed_over=chosen.passed_over))
+            if not node_name:
+                continue
+            if alert.status == "resolved":
+                self.firing.resolved(node_name, alert.fingerprint)
+            elif rule is not None and rule.actions:
+                self.firing.firing(
+                    node_name,
+                    fingerprint=alert.fingerprint,
+                    alertname=alert.labels.get("alertname", ""),
+                    rule=rule,
+                    labels=alert.labels,
+                    starts_at=alert.starts_at,
+                )
+                acting = True
+        if acting:
+            await self._observe_nodes()
+        self._breaker(self.gates.breaker.evaluate(alerting=self._alerting_nodes()))
+        return observed
+
+    async def _observe_nodes(self) -> list[Node]:
+        """The eligible nodes, those out of service and this service's holds, as they are now."""
+        nodes = await self.view.all()
+        self.gates.observe(nodes, self.view.holds(nodes))
+        return nodes
+
+    def _alerting_nodes(self) -> int | None:
+        """Eligible nodes with a fault firing now (what the breaker counts); None before the
+        cluster was first observed."""
+        eligible = self.gates.eligible_nodes
+        if eligible is None:
+            return None
+        return len(self.firing.nodes(among=eligible))
+
+    # -- the gates document -----------------------------------------------------------------------
+
+    def _breaker(self, changed: bool) -> None:
+        if changed:
+            self._latch_dirty = True
+
+    async def _save_latches(self) -> None:
+        if not self._latch_dirty or self.settings.dry_run:
+            self._latch_dirty = False
+            return
+        try:
+            await self.latches.save(self.gates.pause, self.gates.breaker)
+        except BackendUnavailable as exc:  # the decisions are on the nodes; the latch is saved next time
+            logger.warning("storm breaker latch not saved (%s); saved with the next change", exc)
+            return
+        self._latch_dirty = False
+
+    async def set_paused(self, paused: bool, reason: str = "") -> bool:
+        """Pause or resume every action; True when the switch changed. Saved at once (not in dry-run)."""
+        async with self._lock:
+            await self._rebuild()
+
+            def apply(pause: Any, _breaker: Any) -> bool:
+                if paused:
+                    was = pause.paused
+                    pause.pause(reason or "paused by an operator")
+                    return not was
+                return bool(pause.resume())
+
+            changed = apply(self.gates.pause, self.gates.breaker)
+            if changed and not self.settings.dry_run:
+                await self.latches.save(self.gates.pause, self.gates.breaker, reapply=apply)
+            return changed
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
     async def drained(self) -> None:
         """Wait until no drain runs in the background and the actions after each were decided."""
-        while self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.drains.wait()
 
     async def stop(self) -> None:
         """Cancel the drains running in the background (service shutdown); idempotent.
@@ -43,41 +368,71 @@ class Engine(Intake):
         the next leader) starts it again, and the executor resumes it with its original deadline.
         A drain that already ended still records its end and decides the actions after it.
         """
-        self._stopping = True
-        for drain in self._drains.values():
-            if drain.task is not None and not drain.ended:
-                drain.task.cancel()
-        await self.drained()
+        await self.drains.stop()
+
+    # -- the gates at a glance ---------------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        """Observe the nodes now (GET /state, a metrics scrape): a human's uncordon frees the budget
+        at once, not at the next delivery."""
+        if self._lock.locked():
+            return  # a delivery is observing them right now
+        async with self._lock:
+            if self._synced:
+                await self._observe_nodes()
+                self._breaker(self.gates.breaker.evaluate(alerting=self._alerting_nodes()))
+                await self._save_latches()
 
     def status(self) -> GateStatus:
         """The gates now (evaluates the breaker on the clock, so a scrape sees it close)."""
-        st = self.state
-        if st.breaker.evaluate(alerting=self._alerting_nodes()):
-            self._dirty = True
+        gates = self.gates
+        self._breaker(gates.breaker.evaluate(alerting=self._alerting_nodes()))
         deferred: dict[str, int] = {}
         for pending in self.pending.values():
             gate = pending.record.gate or "unknown"
             deferred[gate] = deferred.get(gate, 0) + 1
+        budget = gates.budget
         return GateStatus(
-            paused=st.pause.paused,
-            pause_reason=st.pause.reason,
-            breaker_open=st.breaker.open,
-            breaker_trips=st.breaker.trips,
-            breaker=st.breaker.describe(),
-            alerting_nodes=st.breaker.alerting,
-            eligible_nodes=st.breaker.eligible,
-            budget_in_use=st.budget.in_use,
-            budget_capacity=st.budget.capacity,
+            paused=gates.pause.paused,
+            pause_reason=gates.pause.reason,
+            breaker_open=gates.breaker.open,
+            breaker_trips=gates.breaker.trips,
+            breaker=gates.breaker.describe(),
+            alerting_nodes=gates.breaker.alerting,
+            eligible_nodes=gates.breaker.eligible,
+            budget_in_use=budget.in_use,
+            budget_capacity=budget.capacity,
             budget_holders={
                 n: {"since": h.since, "kinds": sorted(h.kinds), "dry_run": h.dry_run}
-                for n, h in st.budget.holders().items()
+                for n, h in budget.holders().items()
             },
-            budget_others=dict(st.budget.others),
-            firing=st.firing.as_json(),
-            rule_budgets=self.scoped.usage(st.budget.holders()),
-            rate_limits=st.rate.usage(),
+            budget_others=dict(budget.others),
+            firing=self.firing.as_json(),
+            rule_budgets=gates.scoped.usage(budget.holders()),
+            rate_limits=gates.rate.usage(),
             deferred=deferred,
-            drains={name: running.as_json() for name, running in self._drains.items()},
+            drains={name: running.as_json() for name, running in self.drains.running.items()},
             # Only the Kubernetes executor has optional APIs; the Cluster seam does not require it.
             api_unavailable=dict(getattr(self._cluster, "api_unavailable", {})),
         )
+
+
+def _alert_of(episode: Episode, *, node: str, label: str) -> Alert:
+    """The firing alert a recorded episode stands for (no labels are stored but its name and node)."""
+    return Alert(
+        status="firing",
+        labels={"alertname": episode.alertname, label: node},
+        annotations={},
+        starts_at=starts_at_text(episode.start),
+        ends_at="",
+        generator_url="",
+        fingerprint=episode.fingerprint,
+    )
+
+
+def _waits_on_drain(rule: Any, episode: Episode) -> bool:
+    """The episode's next step is a drain: the steps before it decided, the drain not."""
+    for index, action in enumerate(rule.actions):
+        if not episode.done(index):
+            return isinstance(action, Drain)
+    return False

@@ -1,24 +1,31 @@
-"""Drains in the background: one task per node, joined by every alert that asks for it; its end is
-recorded and the later actions of each waiting alert decided at once, through the same gates."""
+"""Drains in the background: one task per node, joined by every alert that asks for it.
+
+The drain's start (cordon, deadline, the record of the episode) is written before the webhook is
+answered; the evictions run in a task; its end is written with the record of every alert waiting on
+it, then `on_end` (the reconciler) records the end for each and decides what follows."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from remediator.audit import Outcome
-from remediator.cluster import BackendUnavailable, DrainOutcome, Node
+from remediator.cluster import BackendUnavailable, Cluster, DrainOutcome, DrainSettings, Node
 from remediator.drain import plan_drain
-from remediator.engine.aws_actions import AwsActions
-from remediator.engine.model import ActionResult, Context, RunningDrain, Waiter
-from remediator.payload import Alert
+from remediator.engine.gates import Gates
+from remediator.engine.model import ActionResult, Context, RunningDrain
+from remediator.engine.records import NodeView
 from remediator.policy import Drain
-from remediator.safety import protected_reason
+from remediator.record import DRAIN_STATUS, Episode, RecordChange, episode_start
 
 logger = logging.getLogger("remediator.decisions")
+
+OnEnd = Callable[[RunningDrain, DrainOutcome | None, str, bool], Awaitable[None]]
+"""(drain, outcome or None, error, final) -> record the end for each waiter, decide what follows."""
 
 
 def drain_end(
@@ -80,23 +87,49 @@ def outcome_details(outcome: DrainOutcome) -> dict[str, Any]:
     }
 
 
-class Drains(AwsActions):
-    """Starts drains, and decides what follows when each ends."""
+class DrainRunner:
+    """Starts drains and runs each in a background task until it ends."""
 
-    async def _drain(self, ctx: Context, node: Node, action: Drain) -> ActionResult:
-        running = None if ctx.dry_run else self._drains.get(node.name)
+    def __init__(
+        self,
+        *,
+        cluster: Cluster,
+        gates: Gates,
+        view: NodeView,
+        settings: DrainSettings,
+        clock: Callable[[], float],
+        lock: asyncio.Lock,
+    ) -> None:
+        self._cluster = cluster
+        self._gates = gates
+        self._view = view
+        self._settings = settings
+        self._clock = clock
+        self._lock = lock
+        self.running: dict[str, RunningDrain] = {}
+        """Node -> the drain running on it in the background."""
+        self.tasks: set[asyncio.Task[None]] = set()
+        """The drains' tasks, and the bookkeeping after each."""
+        self.stopping = False
+        self.on_end: OnEnd | None = None
+        """Told of every drain's end, under the engine's lock (set by the reconciler)."""
+
+    def draining(self, node: str) -> bool:
+        return node in self.running
+
+    async def start(self, ctx: Context, node: Node, action: Drain) -> ActionResult:
+        running = None if ctx.dry_run else self.running.get(node.name)
         if running is not None:
             return ActionResult(
                 "started",
                 f"joins the drain of {node.name} running since {running.as_json()['since']}; "
                 "its end is recorded here too",
             )
-        if self._stopping and not ctx.dry_run:
+        if self.stopping and not ctx.dry_run:
             raise BackendUnavailable("shutting down; the drain starts with the next delivery")
-        # A drain started before (interrupted, or the process restarted) is resumed, not counted again.
-        hold = self.state.budget.holders().get(node.name)
-        again = not ctx.dry_run and hold is not None and not hold.dry_run and "drain" in hold.kinds
-        if (held := await self._gates(ctx, "drain", node.name, rate=not again)) is not None:
+        # A drain started before (interrupted, or a fail-over) is resumed, not counted again.
+        again = not ctx.dry_run and node.annotations.get(DRAIN_STATUS) == "in-progress"
+        if (held := self._gates.check(ctx, "drain", node.name, rate=not again)) is not None:
             return held
         pods = await self._cluster.list_pods(node.name)
         pdbs = await self._cluster.list_pdbs()
@@ -107,26 +140,30 @@ class Drains(AwsActions):
             force_bare_pods=action.force_bare_pods,
         )
         details: dict[str, Any] = dict(plan.details())
-        if not node.unschedulable and node.name not in self.state.ownership.cordoned:
-            mine = ctx.dry_run or await self._cluster.cordon(node.name)  # kubectl drain cordons first
-            if self._counts(ctx) and mine:
-                self.state.ownership.add_cordon(node.name, dry_run=ctx.dry_run)
-        self._commit(ctx, "drain", node.name, rate=not again)
-        if ctx.dry_run:
-            outcome: Outcome = "failed" if plan.needs_permission else "planned"
-            return ActionResult(outcome, plan.summary(dry_run=True), details=details)
         settings = dataclasses.replace(
-            self.settings.drain,
+            self._settings,
             timeout_seconds=float(action.timeout_seconds),
             grace_period_seconds=action.grace_period_seconds,
             delete_emptydir_data=action.delete_emptydir_data,
             force_bare_pods=action.force_bare_pods,
         )
+        if ctx.dry_run:
+            if not node.unschedulable and self._gates.counts(ctx):
+                self._view.dry.cordoned.add(node.name)  # kubectl drain cordons first
+            self._gates.commit(ctx, "drain", node.name, rate=not again)
+            outcome: Outcome = "failed" if plan.needs_permission else "planned"
+            return ActionResult(outcome, plan.summary(dry_run=True), details=details)
+        # Cordon (kubectl drain cordons first), the deadline and the episode, in one write, now:
+        # the webhook is answered after it.
+        await self._cluster.start_drain(
+            node.name, settings, record=ctx.record("drain", self._clock(), decided=False)
+        )
+        self._gates.commit(ctx, "drain", node.name, rate=not again)
         running = RunningDrain(node=node.name, since=self._clock(), settings=settings)
-        self._drains[node.name] = running
-        running.task = asyncio.create_task(self._run_drain(running), name=f"drain {node.name}")
-        self._tasks.add(running.task)
-        running.task.add_done_callback(self._tasks.discard)
+        self.running[node.name] = running
+        running.task = asyncio.create_task(self._run(running), name=f"drain {node.name}")
+        self.tasks.add(running.task)
+        running.task.add_done_callback(self.tasks.discard)
         return ActionResult(
             "started",
             f"drain started in the background (timeout {action.timeout_seconds}s): "
@@ -134,14 +171,31 @@ class Drains(AwsActions):
             details={**details, "timeout_seconds": action.timeout_seconds},
         )
 
-    async def _run_drain(self, running: RunningDrain) -> None:
-        """The background task: drain, then record the end and decide each waiting alert's later actions."""
+    def _ended(self, running: RunningDrain) -> RecordChange | None:
+        """The record of the drain's end: every alert still waiting on it has its drain decided."""
+        episodes = tuple(
+            Episode(
+                fingerprint=w.alert.fingerprint,
+                rule=w.rule.name,
+                alertname=w.alert.labels.get("alertname", ""),
+                start=episode_start(w.alert.starts_at),
+                steps=w.steps | 1 << w.index,
+            )
+            for w in running.waiters.values()
+            if w.resolved is None
+        )
+        return RecordChange(episodes=episodes) if episodes else None
+
+    async def _run(self, running: RunningDrain) -> None:
+        """The background task: drain, then (under the engine's lock) record the end."""
         outcome: DrainOutcome | None = None
         error = ""
         final = True  # decided: a resend does not start it again
         try:
             try:
-                outcome = await self._cluster.drain(running.node, running.settings)
+                outcome = await self._cluster.drain(
+                    running.node, running.settings, ended=lambda: self._ended(running)
+                )
             except BackendUnavailable as exc:  # NotLeader too: the next delivery starts it again
                 logger.warning("drain of %s interrupted: %s", running.node, exc)
                 error, final = f"{type(exc).__name__}: {exc}", False
@@ -156,108 +210,24 @@ class Drains(AwsActions):
                 error = f"{type(exc).__name__}: {exc}"
             running.ended = True
             async with self._lock:
-                if self._drains.get(running.node) is running:
-                    del self._drains[running.node]
-                self._reconciled = False
-                try:
-                    for waiter in list(running.waiters.values()):
-                        await self._drain_ended(running, waiter, outcome, error, final=final)
-                finally:
-                    try:
-                        await self._save()
-                    except BackendUnavailable as exc:
-                        logger.warning(
-                            "gate state not saved after the drain of %s (%s); saved with the next delivery",
-                            running.node,
-                            exc,
-                        )
+                if self.running.get(running.node) is running:
+                    del self.running[running.node]
+                if self.on_end is not None:
+                    await self.on_end(running, outcome, error, final)
         finally:
-            if self._drains.get(running.node) is running:
-                del self._drains[running.node]
+            if self.running.get(running.node) is running:
+                del self.running[running.node]
 
-    async def _drain_ended(
-        self, running: RunningDrain, waiter: Waiter, outcome: DrainOutcome | None, error: str, *, final: bool
-    ) -> None:
-        """Record how the drain ended for one alert, then decide that alert's later actions."""
-        action = waiter.rule.actions[waiter.index]
-        proceed = isinstance(action, Drain) and action.on_timeout == "proceed"
-        result, reason, refused, details = drain_end(outcome, error, final=final, proceed=proceed)
-        if final:
-            self.state.decided.add(waiter.key)
-            self._dirty = True
-            if events := await self._drain_end_events(running.node, waiter, result, reason):
-                details = {**details, "events": [e.as_json() for e in events]}
-        self._record(
-            waiter.resolved or waiter.alert,
-            node=running.node,
-            action="drain",
-            rule=waiter.rule.name,
-            dry_run=False,
-            outcome=result,
-            reason=reason,
-            details=details,
-        )
-        if not final:
-            return
-        if waiter.resolved is not None:
-            self._skip_after_resolved(running.node, waiter)
-            return
-        if waiter.index + 1 >= len(waiter.rule.actions):
-            return
-        try:
-            node = await self._cluster.get_node(running.node)
-        except BackendUnavailable as exc:
-            logger.warning(
-                "%s: the actions after the drain are decided with the next delivery (%s)", running.node, exc
-            )
-            return
-        ctx = Context(
-            alert=waiter.alert,
-            node_name=running.node,
-            node=node,
-            rule=waiter.rule,
-            dry_run=False,
-            protected=protected_reason(node, self.policy.safety) if node is not None else None,
-            refused=refused,
-            background=True,
-        )
-        await self._run_actions(ctx, waiter.rule.actions, [], start=waiter.index + 1)
+    async def wait(self) -> None:
+        """Until no drain runs and the bookkeeping after each is done."""
+        while self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
 
-    def _skip_after_resolved(self, node: str, waiter: Waiter) -> None:
-        alert, resolved = waiter.alert, waiter.resolved
-        assert resolved is not None  # only called for resolved waiters
-        for index, action in enumerate(waiter.rule.actions):
-            if index <= waiter.index:
-                continue
-            key = (alert.fingerprint, alert.starts_at, alert.status, index, action.type, False)
-            if key in self.state.decided:
-                continue
-            self.pending.pop(key, None)
-            self.state.decided.add(key)
-            self._dirty = True
-            self._record(
-                resolved,
-                node=node,
-                action=action.type,
-                rule=waiter.rule.name,
-                dry_run=False,
-                outcome="skipped",
-                reason="alert resolved while the drain ran; not run",
-            )
-
-    def _resolve_waiters(self, alert: Alert) -> None:
-        """The alert resolved while its drain runs: the drain finishes, the later actions will not run."""
-        for running in self._drains.values():
-            for waiter in running.waiters.values():
-                same = (waiter.alert.fingerprint, waiter.alert.starts_at) == (
-                    alert.fingerprint,
-                    alert.starts_at,
-                )
-                if same and waiter.resolved is None:
-                    waiter.resolved = alert
-                    logger.info(
-                        "%s: alert %s resolved while its drain runs; the drain finishes, the later "
-                        "actions will not run",
-                        running.node,
-                        alert.fingerprint,
-                    )
+    async def stop(self) -> None:
+        """Cancel the drains running (service shutdown); idempotent. A cancelled drain is not decided:
+        the next delivery (here or on the next leader) resumes it with its original deadline."""
+        self.stopping = True
+        for drain in self.running.values():
+            if drain.task is not None and not drain.ended:
+                drain.task.cancel()
+        await self.wait()

@@ -1,14 +1,19 @@
 """The core/v1 Events that tell a node's story in `kubectl describe node`: the fault seen, each node
-action decided, a drain's end; as the policy's `events` setting wants them, never in dry-run."""
+action decided, a drain's end; as the policy's `events` setting wants them, never in dry-run.
+
+At most one Event per action: the Event that says a fault was seen carries the first action done
+for it (`AccelFaultDetected: ... ; cordoned`), the later actions have one each."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 
+from collections.abc import Callable
+
 from remediator.audit import Outcome
 from remediator.cluster import BackendUnavailable
-from remediator.engine.gates import Gates
+from remediator.cluster import Cluster
 from remediator.engine.model import ActionResult, Context, Waiter
 
 logger = logging.getLogger("remediator.decisions")
@@ -65,59 +70,71 @@ def action_event(action: str, outcome: Outcome, text: str, *, alertname: str) ->
     return None
 
 
-class Events(Gates):
-    """Writes the Events of decisions."""
+class EventRecorder:
+    """Writes the Events of decisions, as the policy's `events` setting wants them."""
 
-    def _fault_seen(self, ctx: Context) -> NodeEvent | None:
+    def __init__(self, *, cluster: Cluster, mode: str, seen: Callable[[tuple[object, ...]], bool]) -> None:
+        self._cluster = cluster
+        self.mode = mode
+        """all, failures or none (the policy's `events`)."""
+        self._seen = seen
+        """Asks (and remembers) whether a fault's Event was decided already: idempotency's memory."""
+
+    def fault_seen(self, ctx: Context, *, held: bool) -> NodeEvent | None:
         """The Event that says the fault was seen: once per firing alert, with its first decision
-        (`events: all` only; none on a protected or missing node, or while paused or in a storm)."""
+        (`events: all` only; none on a protected or missing node, or while `held` by the pause or
+        the storm breaker)."""
         alert = ctx.alert
-        if self.policy.events != "all" or alert.status != "firing" or ctx.node is None or ctx.protected:
+        if self.mode != "all" or alert.status != "firing" or ctx.node is None or ctx.protected or held:
             return None
-        seen = (alert.fingerprint, alert.starts_at, alert.status, "fault-seen", ctx.dry_run)
-        if seen in self.state.decided or self._gate_verdict(ctx) is not None:
+        if self._seen((alert.fingerprint, ctx.start, alert.status, "fault-seen", ctx.dry_run)):
             return None
-        self.state.decided.add(seen, persist=not ctx.dry_run)
-        self._dirty = self._dirty or not ctx.dry_run
         alertname = alert.labels.get("alertname", "AcceleratorFault")
         summary = alert.annotations.get("summary") or alert.annotations.get("description") or ""
         message = f"{alertname} firing" + (f": {summary}" if summary else "") + f" (rule {ctx.rule.name})"
         return NodeEvent("Warning", "AccelFaultDetected", message)
 
-    def _action_event(self, ctx: Context, action: str, result: ActionResult) -> NodeEvent | None:
+    def action_event(self, ctx: Context, action: str, result: ActionResult) -> NodeEvent | None:
         """The Event of a decided node action, as the policy's `events` setting wants it."""
         if ctx.node is None or ctx.protected or result.gate in HOLD_EVERYTHING:
             return None
         alertname = ctx.alert.labels.get("alertname", "AcceleratorFault")
         event = action_event(action, result.outcome, result.done or result.reason, alertname=alertname)
-        return event if event is not None and self._wanted(event) else None
+        return event if event is not None and self.wanted(event) else None
 
-    async def _announce(self, ctx: Context, event: NodeEvent | None) -> list[NodeEvent]:
-        """Write `event` on the context's node (not in dry-run); the events for the decision record."""
+    @staticmethod
+    def combine(seen: NodeEvent | None, event: NodeEvent | None) -> list[NodeEvent]:
+        """One Event per action: the fault seen carries the first action done for it; a failure
+        keeps an Event of its own (the `events: failures` mode lists those)."""
+        if seen is None:
+            return [event] if event is not None else []
         if event is None:
-            return []
-        if not ctx.dry_run:
-            await self._write_events(ctx.node_name, [event])
-        return [event]
+            return [seen]
+        if event.type == "Normal":
+            return [NodeEvent(seen.type, seen.reason, f"{seen.message}; {event.message}")]
+        return [seen, event]
 
-    def _wanted(self, event: NodeEvent) -> bool:
-        mode = self.policy.events
-        return mode == "all" or (mode == "failures" and event.reason in FAILURE_REASONS)
+    async def announce(self, ctx: Context, events: list[NodeEvent]) -> list[NodeEvent]:
+        """Write `events` on the context's node (not in dry-run); the events for the decision record."""
+        if events and not ctx.dry_run:
+            await self.write(ctx.node_name, events)
+        return events
 
-    async def _drain_end_events(
-        self, node: str, waiter: Waiter, outcome: Outcome, reason: str
-    ) -> list[NodeEvent]:
+    def wanted(self, event: NodeEvent) -> bool:
+        return self.mode == "all" or (self.mode == "failures" and event.reason in FAILURE_REASONS)
+
+    async def drain_end(self, node: str, waiter: Waiter, outcome: Outcome, reason: str) -> list[NodeEvent]:
         """Write the Event of a drain's end (finished, or blocked and by what); the ones written."""
         alert = waiter.resolved or waiter.alert
         event = action_event(
             "drain", outcome, reason, alertname=alert.labels.get("alertname", "AcceleratorFault")
         )
-        if event is None or not self._wanted(event):
+        if event is None or not self.wanted(event):
             return []
-        await self._write_events(node, [event])
+        await self.write(node, [event])
         return [event]
 
-    async def _write_events(self, node: str, events: list[NodeEvent]) -> None:
+    async def write(self, node: str, events: list[NodeEvent]) -> None:
         """Write Events; one that cannot be written is logged, never undoes or fails the action."""
         for event in events:
             try:

@@ -1,101 +1,134 @@
-"""The gates every action passes: node and protection, pause, storm breaker, order, rate limits, the
-disruption budget (reconciled with the cluster as it is), and holds of other causes still firing."""
+"""The gates every action passes, as one part the engine is handed: pause, storm breaker, order, rate
+limits, the disruption budget (global and per rule) and what passed them; and the one small object
+that keeps the pause switch and the breaker's latch in the cluster (remediator/state.py)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable, Mapping
 
-from remediator.cluster import Node
+from remediator.cluster import Cluster, Node, StateConflict
 from remediator.engine.model import ActionResult, Context
-from remediator.engine.state_sync import StateSync
-from remediator.policy import DISRUPTIVE, Action, Rule
-from remediator.safety import Verdict
+from remediator.policy import DISRUPTIVE, Action, Policy, Rule
+from remediator.safety import (
+    DisruptionBudget,
+    Hold,
+    PauseSwitch,
+    RateLimiter,
+    ScopedBudgets,
+    StormBreaker,
+    Verdict,
+    eligible,
+)
+from remediator.state import StateError, gates_document, load_gates
 
 logger = logging.getLogger("remediator.decisions")
 
+CONFLICT_ATTEMPTS = 5
 
-class Gates(StateSync):
-    """Gate checks and the bookkeeping of what passed them."""
 
-    async def _gates(self, ctx: Context, kind: str, node: str, *, rate: bool = True) -> ActionResult | None:
-        """Rate limit (unless `rate` is false), then (disruptive actions) the budget; None when the
-        action may go ahead."""
-        verdict = self.state.rate.check(kind)
-        if rate and not verdict.allowed:
-            return ActionResult("deferred", verdict.reason, gate=verdict.gate)
-        if kind in DISRUPTIVE:
-            verdict = self._budget_verdict(ctx.rule, node)
-            if not verdict.allowed and await self._reconcile_budget():
-                verdict = self._budget_verdict(ctx.rule, node)
-            if not verdict.allowed:
-                return ActionResult("deferred", verdict.reason, gate=verdict.gate)
-        return None
+class LatchStore:
+    """Reads and writes the gates document (pause switch, breaker latch) through the cluster seam.
 
-    def _budget_verdict(self, rule: Rule, node: str) -> Verdict:
-        """The global budget, then the rule's own (the first that refuses answers)."""
-        verdict = self.state.budget.check(node)
-        if not verdict.allowed:
-            return verdict
-        return self.scoped.check(rule.name, node, self.state.budget.holders())
+    A write carries the resourceVersion of the last read (the executor's precondition); a conflict
+    means another writer (a second leader around a fail-over) was there: read again, re-apply the
+    change being made, write again.
+    """
 
-    def _commit(self, ctx: Context, kind: str, node: str, *, rate: bool = True) -> None:
-        if not self._counts(ctx):
-            return
-        if rate:
-            self.state.rate.commit(kind)
-        if kind in DISRUPTIVE:
-            self.state.budget.commit(node, kind=kind, dry_run=ctx.dry_run)
-        self._dirty = True
+    def __init__(self, *, cluster: Cluster, clock: Callable[[], float]) -> None:
+        self._cluster = cluster
+        self._clock = clock
+        self.writes = 0
+        """Documents written (a metric for tests and benchmarks)."""
 
-    async def _reconcile_budget(self) -> bool:
-        """Give back budget held for nodes that are no longer disrupted by this service (someone
-        uncordoned them, or they are gone); once per delivery. True when something was released."""
-        if self._reconciled:
-            return False
-        self._reconciled = True
-        released = False
-        for name, hold in self.state.budget.holders().items():
-            if hold.dry_run:
-                continue
-            node = await self._cluster.get_node(name)
-            why = self._still_ours(name, node, hold.kinds)
-            if why is None:
-                continue
-            self.state.budget.release(name)
-            self.state.ownership.forget(name)
-            logger.info("budget: %s released (%s)", name, why)
-            released = True
-            self._dirty = True
-        return released
+    async def load(self, pause: PauseSwitch, breaker: StormBreaker) -> None:
+        """Restore both from the cluster. An unusable document pauses the service (loudly) instead
+        of starting with the gates open; BackendUnavailable propagates."""
+        try:
+            doc = await self._cluster.load_gates()
+            if doc is not None:
+                load_gates(doc, pause, breaker)
+        except StateError as exc:
+            logger.error("stored gates are unusable (%s); PAUSED", exc)
+            pause.pause(f"stored gate state unusable: {exc}; check, then POST /resume")
 
-    def _still_ours(self, name: str, node: Node | None, kinds: set[str]) -> str | None:
-        """None while the node is still disrupted by this service, else why not."""
-        if node is None:
-            return "node no longer exists"
-        if "aws_set_unhealthy" in kinds:
-            return None  # being replaced: counted until the node object goes away
-        own = self.state.ownership
-        if own.cordoned.get(name) is False and not node.unschedulable:
-            own.cordoned.pop(name, None)
-        present = {(t.key, t.value, t.effect) for t in node.taints}
-        for taint in own.our_taints(name):
-            if (taint.key, taint.value, taint.effect) not in present:
-                own.drop_taint(name, taint)
-        if name in own.cordoned or name in own.tainted:
-            return None
-        return "no longer cordoned or tainted by accel-health (changed by someone else)"
+    async def save(
+        self,
+        pause: PauseSwitch,
+        breaker: StormBreaker,
+        *,
+        reapply: Callable[[PauseSwitch, StormBreaker], object] | None = None,
+    ) -> None:
+        """Write both; on a conflict read the stored ones, re-apply the change, write again."""
+        for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+            try:
+                await self._cluster.save_gates(gates_document(pause, breaker))
+                self.writes += 1
+                return
+            except StateConflict as exc:
+                if attempt == CONFLICT_ATTEMPTS:
+                    raise
+                logger.warning("gates changed by another writer (%s); reading them again", exc)
+                trips, was_open, opened_at = breaker.trips, breaker.open, breaker.opened_at
+                await self.load(pause, breaker)
+                # The latch of either writer holds: open if either opened it, every trip counted.
+                breaker.trips = max(breaker.trips, trips)
+                if was_open and not breaker.open:
+                    breaker.open, breaker.opened_at = True, opened_at
+                if reapply is not None:
+                    reapply(pause, breaker)
 
-    def _gate_verdict(self, ctx: Context) -> Verdict | None:
-        verdict = self.state.pause.check()
+
+class Gates:
+    """Pause, storm breaker, order, rate limits and disruption budgets; pure but for the clock."""
+
+    def __init__(self, *, policy: Policy, clock: Callable[[], float], dry_run: bool) -> None:
+        safety = policy.safety
+        self._safety = safety
+        self._clock = clock
+        self._dry_service = dry_run
+        self.pause = PauseSwitch(clock=clock)
+        self.breaker = StormBreaker(settings=safety.storm_breaker, clock=clock)
+        self.rate = RateLimiter(limits=safety.rate_limits, clock=clock)
+        self.budget = DisruptionBudget(
+            max_nodes=safety.max_disrupted_nodes, max_percent=safety.max_disrupted_percent, clock=clock
+        )
+        self.scoped = ScopedBudgets({r.name: (r.nodes, r.budget) for r in policy.rules if r.budget})
+        """The rules' own budgets over the nodes their selectors cover (observed with the nodes)."""
+        self.eligible_nodes: set[str] | None = None
+        """The eligible nodes as last observed (None before the first observation)."""
+
+    # -- observed state ------------------------------------------------------------------------
+
+    def observe(self, nodes: Iterable[Node], holds: Mapping[str, Hold]) -> None:
+        """Take the eligible nodes, those out of service and this service's holds from the cluster
+        as it is now."""
+        listed = list(nodes)
+        self.eligible_nodes = {n.name for n in listed if eligible(n, self._safety)}
+        self.budget.observe(listed, self._safety, holds=holds)
+        self.scoped.observe(listed, self._safety)
+        self.breaker.evaluate(eligible=len(self.eligible_nodes))
+
+    def counts(self, ctx: Context) -> bool:
+        """Does this decision change the gates? Real actions do, and every decision of a dry-run
+        service (so that its decisions equal a live one's); a dry-run rule in a live service does not
+        use up the real budget or rate limits."""
+        return not ctx.dry_run or self._dry_service
+
+    # -- the checks, in the order the engine asks them -------------------------------------------
+
+    def hold_everything(self, ctx: Context) -> Verdict | None:
+        """The pause switch, then (firing alerts) the storm breaker."""
+        verdict = self.pause.check()
         if not verdict.allowed:
             return verdict
         if ctx.alert.status == "firing":
-            verdict = self.state.breaker.check()
+            verdict = self.breaker.check()
             if not verdict.allowed:
                 return verdict
         return None
 
-    def _precheck(self, ctx: Context, action: Action) -> ActionResult | None:
+    def precheck(self, ctx: Context, action: Action) -> ActionResult | None:
         """Checks every action passes before its own: node, protection, pause, breaker, order."""
         if ctx.node is None:
             return ActionResult("skipped", f"node {ctx.node_name} not found in the cluster")
@@ -103,39 +136,40 @@ class Gates(StateSync):
             return ActionResult("skipped", ctx.protected)
         if action.type in DISRUPTIVE and ctx.refused:
             return ActionResult("skipped", f"{ctx.refused}; not run: a human decides")
-        if (verdict := self._gate_verdict(ctx)) is not None:
+        if (verdict := self.hold_everything(ctx)) is not None:
             return ActionResult("deferred", verdict.reason, gate=verdict.gate)
         if action.type in DISRUPTIVE and ctx.incomplete:
             return ActionResult("deferred", f"waits for {ctx.incomplete} to complete", gate="order")
         return None
 
-    def _held_by_others(self, ctx: Context, hold: str) -> ActionResult | None:
-        """A resolved alert's reversal waits while another alert firing on the node holds the same
-        thing (cordon, taint key, condition type); it runs when none is left."""
-        if ctx.alert.status != "resolved":
-            return None
-        causes = self.state.firing.holding(ctx.node_name, hold, besides=ctx.alert.fingerprint)
-        if not causes:
-            return None
-        names = ", ".join(sorted({f"{c.alertname} (rule {c.rule})" for c in causes}))
-        return ActionResult(
-            "deferred",
-            f"{hold} still held by alert(s) firing on this node: {names}; released when none is left",
-            gate="hold",
-        )
+    def check(self, ctx: Context, kind: str, node: str, *, rate: bool = True) -> ActionResult | None:
+        """Rate limit (unless `rate` is false), then (disruptive actions) the budgets; None when the
+        action may go ahead."""
+        verdict = self.rate.check(kind)
+        if rate and not verdict.allowed:
+            return ActionResult("deferred", verdict.reason, gate=verdict.gate)
+        if kind in DISRUPTIVE:
+            verdict = self.budget_verdict(ctx.rule, node)
+            if not verdict.allowed:
+                return ActionResult("deferred", verdict.reason, gate=verdict.gate)
+        return None
 
-    def _maybe_release(self, ctx: Context, node: str) -> None:
-        own = self.state.ownership
-        hold = self.state.budget.holders().get(node)
-        if node in own.cordoned or node in own.tainted:
-            return
-        if hold is not None and "aws_set_unhealthy" in hold.kinds:
-            return
-        if self._counts(ctx) and self.state.budget.release(node):
-            self._dirty = True
+    def budget_verdict(self, rule: Rule, node: str) -> Verdict:
+        """The global budget, then the rule's own (the first that refuses answers)."""
+        verdict = self.budget.check(node)
+        if not verdict.allowed:
+            return verdict
+        return self.scoped.check(rule.name, node, self.budget.holders())
 
-    def _draining(self, ctx: Context, node: str) -> ActionResult | None:
-        """Reversals wait for nothing and undo nothing while the node drains: a drain is never reversed."""
-        if ctx.dry_run or node not in self._drains:
-            return None
-        return ActionResult("skipped", "a drain of this node is running; accel-health never reverses a drain")
+    def commit(self, ctx: Context, kind: str, node: str, *, rate: bool = True) -> None:
+        """What passed the gates counts: the rate limit's window and (disruptive) the budget."""
+        if not self.counts(ctx):
+            return
+        if rate:
+            self.rate.commit(kind)
+        if kind in DISRUPTIVE:
+            self.budget.commit(node, kind=kind, dry_run=ctx.dry_run)
+
+    def rebuild_rate_limits(self, times: Iterable[tuple[str, float]]) -> None:
+        """A new leader's rate limits: the actions the nodes' records say ran within each window."""
+        self.rate.reset(times)

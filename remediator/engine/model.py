@@ -13,6 +13,7 @@ from remediator.audit import DecisionRecord, Outcome
 from remediator.cluster import DrainSettings, Node
 from remediator.payload import Alert
 from remediator.policy import Rule
+from remediator.record import Episode, RecordChange, episode_start
 
 MAX_PENDING = 10_000
 """Deferred actions remembered at most (oldest forgotten first, with a log line)."""
@@ -143,6 +144,8 @@ class GateStatus:
 
 @dataclass
 class Context:
+    """One alert being decided on one node: what every action of it is decided with."""
+
     alert: Alert
     node_name: str
     node: Node | None
@@ -152,6 +155,33 @@ class Context:
     incomplete: str | None = None  # the earlier disruptive action that did not complete
     refused: str | None = None  # why an earlier drain was refused: later disruptive actions are skipped
     background: bool = False  # decided when a drain ended, not in a webhook request
+    index: int = 0  # the action being decided (its position in the rule's actions)
+    steps: int = 0  # bit i: action i of this episode decided (in memory or in the node's record)
+    intent: int = 0  # bit i: the node's record says action i was asked of AWS (not yet seen done here)
+
+    @property
+    def start(self) -> int:
+        """The episode's startsAt, unix seconds (with the fingerprint, its identity)."""
+        return episode_start(self.alert.starts_at)
+
+    def record(self, kind: str, at: float, *, decided: bool = True) -> RecordChange | None:
+        """The change to the node's record that this action's write carries (None in dry-run: a dry
+        run writes nothing). Firing: the episode, with this action among its decided steps when
+        `decided`; resolved: the episode ends."""
+        if self.dry_run:
+            return None
+        alert = self.alert
+        if alert.status == "resolved":
+            return RecordChange(kind=kind, at=int(at), forget=frozenset({(alert.fingerprint, self.start)}))
+        steps = self.steps | (1 << self.index) if decided else self.steps
+        episode = Episode(
+            fingerprint=alert.fingerprint,
+            rule=self.rule.name,
+            alertname=alert.labels.get("alertname", ""),
+            start=self.start,
+            steps=steps,
+        )
+        return RecordChange(episodes=(episode,), kind=kind, at=int(at))
 
 
 @dataclass(frozen=True)
@@ -174,6 +204,8 @@ class Waiter:
     """The rule that matched it."""
     index: int
     """The drain action's index in the rule's actions."""
+    steps: int = 0
+    """The alert's steps decided before the drain (bit i: action i)."""
     resolved: Alert | None = None
     """The resolved alert, when it resolved while the drain ran."""
 

@@ -1,15 +1,38 @@
 """One alert through the engine: its rule, its node, then each action in order through idempotency,
-the gates and the action itself; deferred actions are remembered, decided ones never again."""
+the gates and the action itself; deferred actions are remembered, decided ones never again.
+
+Idempotency has two memories: the decisions of this process (`Decided`, in memory, bounded), and
+the node's record (remediator/record.py), which outlives the process: a step the record says was
+decided is never decided again, whichever replica decided it."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from typing import Any
 
-from remediator.audit import DecisionRecord
-from remediator.cluster import BackendUnavailable
-from remediator.engine.drains import Drains
-from remediator.engine.model import ActionResult, AlertPlan, Context, Observed, Waiter
+from remediator.audit import DecisionLog, DecisionRecord
+from remediator.cluster import BackendUnavailable, DrainOutcome
+from remediator.desired import FiringSet
+from remediator.engine.aws_actions import AwsActuator
+from remediator.engine.drains import DrainRunner, drain_end
+from remediator.engine.events import EventRecorder, NodeEvent
+from remediator.engine.gates import Gates
+from remediator.engine.model import (
+    MAX_PENDING,
+    ActionResult,
+    AlertPlan,
+    Context,
+    EngineSettings,
+    Observed,
+    PendingAction,
+    RunningDrain,
+    Waiter,
+)
+from remediator.engine.node_actions import NodeActuator
+from remediator.engine.records import NodeView
 from remediator.payload import Alert
 from remediator.policy import (
     DISRUPTIVE,
@@ -20,6 +43,7 @@ from remediator.policy import (
     CloudWatchMetric,
     Cordon,
     Drain,
+    Policy,
     RecordEvent,
     RemoveTaint,
     Rule,
@@ -27,28 +51,178 @@ from remediator.policy import (
     SetCondition,
     Uncordon,
 )
+from remediator.record import episode_start
 from remediator.safety import protected_reason
 
 logger = logging.getLogger("remediator.decisions")
 
+Key = tuple[Any, ...]
+"""An idempotency key: (fingerprint, startsAt in unix seconds, status, index, action, dry-run)."""
 
-class Pipeline(Drains):
-    """Decides one alert's actions."""
 
-    async def _select(self, alert: Alert, node_name: str) -> Selection:
+class Decided:
+    """Idempotency keys decided by this process, as 64-bit digests, bounded (oldest forgotten first;
+    the nodes' records keep what must outlive the process)."""
+
+    def __init__(self, *, keep: int = 100_000) -> None:
+        self._keys: OrderedDict[str, None] = OrderedDict()
+        self._keep = keep
+
+    @staticmethod
+    def _digest(key: Hashable) -> str:
+        return hashlib.blake2b(repr(key).encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+
+    def __contains__(self, key: Hashable) -> bool:
+        return self._digest(key) in self._keys
+
+    def add(self, key: Hashable) -> None:
+        digest = self._digest(key)
+        self._keys[digest] = None
+        self._keys.move_to_end(digest)
+        while len(self._keys) > self._keep:
+            self._keys.popitem(last=False)
+
+    def first(self, key: Hashable) -> bool:
+        """True the first time `key` is asked (and remembers it)."""
+        if key in self:
+            return False
+        self.add(key)
+        return True
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+class Decisions:
+    """The decision records: logged, kept for GET /actions, and told to listeners (metrics)."""
+
+    def __init__(self, *, log: DecisionLog, clock: Callable[[], float]) -> None:
+        self.log = log
+        self._clock = clock
+        self._listeners: list[Callable[[DecisionRecord], None]] = []
+
+    def subscribe(self, listener: Callable[[DecisionRecord], None]) -> None:
+        self._listeners.append(listener)
+
+    def publish(self, record: DecisionRecord) -> None:
+        self.log.append(record)
+        for listener in self._listeners:
+            listener(record)
+
+    def record(self, alert: Alert, **fields: Any) -> DecisionRecord:
+        record = DecisionRecord(
+            time=self._clock(),
+            alertname=alert.labels.get("alertname", ""),
+            fingerprint=alert.fingerprint,
+            starts_at=alert.starts_at,
+            status="resolved" if alert.status == "resolved" else "firing",
+            **fields,
+        )
+        logger.info("%s", record.log_line())
+        self.publish(record)
+        return record
+
+
+class Reconciler:
+    """Decides each alert's actions against the nodes as observed, through the parts it is handed."""
+
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        settings: EngineSettings,
+        view: NodeView,
+        gates: Gates,
+        firing: FiringSet,
+        events: EventRecorder,
+        nodes: NodeActuator,
+        aws: AwsActuator,
+        drains: DrainRunner,
+        decisions: Decisions,
+        decided: Decided,
+        clock: Callable[[], float],
+    ) -> None:
+        self.policy = policy
+        self.settings = settings
+        self._view = view
+        self._gates = gates
+        self._firing = firing
+        self._events = events
+        self._nodes = nodes
+        self._aws = aws
+        self._drains = drains
+        self._decisions = decisions
+        self.decided = decided
+        self._clock = clock
+        self.pending: OrderedDict[Key, PendingAction] = OrderedDict()
+        """Deferred actions by idempotency key, oldest first."""
+        self.held: dict[str, dict[tuple[str, int, bool], tuple[Alert, Rule]]] = {}
+        """node -> (fingerprint, startsAt, dry-run) -> a resolved alert whose reversals are held back
+        by other causes still firing; released when the last cause resolves."""
+        self.suppressed: dict[str, str] = {}
+        """fingerprint -> why, for alerts Alertmanager last showed silenced or inhibited."""
+        drains.on_end = self.drain_ended
+
+    # -- records ---------------------------------------------------------------------------------
+
+    def _ignore(
+        self, alert: Alert, *, node: str | None, rule: Rule | None, reason: str
+    ) -> DecisionRecord | None:
+        dry = self.settings.dry_run or (rule is not None and rule.dry_run)
+        key = (alert.fingerprint, episode_start(alert.starts_at), alert.status, "none", dry)
+        if not self.decided.first(key):
+            return None
+        return self._decisions.record(
+            alert,
+            node=node,
+            action="none",
+            rule=rule.name if rule else None,
+            dry_run=dry,
+            outcome="ignored",
+            reason=reason,
+        )
+
+    def _defer(self, key: Key, alert: Alert, fields: dict[str, Any]) -> DecisionRecord | None:
+        """Remember a deferred action; a new record only when it is new or another gate holds it."""
+        pending = self.pending.get(key)
+        if pending is not None and pending.record.gate == fields["gate"]:
+            pending.evaluations += 1
+            pending.record = DecisionRecord(
+                time=self._clock(),
+                alertname=pending.record.alertname,
+                fingerprint=pending.record.fingerprint,
+                starts_at=pending.record.starts_at,
+                status=pending.record.status,
+                **fields,
+            )
+            self.pending.move_to_end(key)
+            return None
+        record = self._decisions.record(alert, **fields)
+        first = pending.first_deferred if pending is not None else self._clock()
+        evaluations = pending.evaluations + 1 if pending is not None else 1
+        self.pending[key] = PendingAction(record=record, first_deferred=first, evaluations=evaluations)
+        self.pending.move_to_end(key)
+        while len(self.pending) > MAX_PENDING:
+            _, oldest = self.pending.popitem(last=False)
+            logger.warning("forgetting the oldest deferred action (%s)", oldest.record.log_line())
+        return record
+
+    # -- one alert -------------------------------------------------------------------------------
+
+    async def select(self, alert: Alert, node_name: str) -> Selection:
         """The rule for an alert on `node_name`: a resolve gets the rule its alert fired under (the
         node may be gone or relabelled since); node selectors look at the node as observed."""
         if alert.status == "resolved":
-            fired = [c for c in self.state.firing.causes(node_name) if c.fingerprint == alert.fingerprint]
+            fired = [c for c in self._firing.causes(node_name) if c.fingerprint == alert.fingerprint]
             rule = self.policy.rule(fired[0].rule) if fired else None
-            if rule is not None and rule.matches(alert.labels):
+            if rule is not None:
                 return Selection(rule)
         if not node_name or not self.policy.selects_nodes:
             return Selection(self.policy.first_match(alert.labels))
-        node = await self._cluster.get_node(node_name)
+        node = await self._view.get(node_name)
         return self.policy.select(alert.labels, node, node_name=node_name)
 
-    def _suppressed_plan(self, alert: Alert, rule: Rule | None) -> AlertPlan:
+    def suppressed_plan(self, alert: Alert, rule: Rule | None) -> AlertPlan:
         """A silenced or inhibited alert: recorded once, nothing done, nothing undone."""
         node = alert.labels.get(self.settings.node_label) or None
         why = self.suppressed.get(alert.fingerprint, "suppressed in Alertmanager")
@@ -59,17 +233,14 @@ class Pipeline(Drains):
 
     def _drop_pending_of_resolved(self, alert: Alert) -> list[DecisionRecord]:
         """A resolved alert's deferred firing actions will never run: say so, once each."""
+        start = episode_start(alert.starts_at)
         records = []
-        mine = [
-            k
-            for k in self.pending
-            if k[0] == alert.fingerprint and k[1] == alert.starts_at and k[2] == "firing"
-        ]
+        mine = [k for k in self.pending if k[0] == alert.fingerprint and k[1] == start and k[2] == "firing"]
         for key in mine:
             pending = self.pending.pop(key)
             old = pending.record
             records.append(
-                self._record(
+                self._decisions.record(
                     alert,
                     node=old.node,
                     action=old.action,
@@ -85,7 +256,7 @@ class Pipeline(Drains):
             )
         return records
 
-    async def _handle_alert(self, item: Observed) -> AlertPlan:
+    async def handle_alert(self, item: Observed) -> AlertPlan:  # noqa: PLR0911  one return per way out
         alert, node_name, rule = item.alert, item.node_name, item.rule
         label = self.settings.node_label
         resolved = alert.status == "resolved"
@@ -123,8 +294,8 @@ class Pipeline(Drains):
         if resolved:
             notes.append("alert resolved: only on_resolved actions (never destructive) run")
         elif alert.fingerprint in self.suppressed:
-            return self._suppressed_plan(alert, rule)
-        node = await self._cluster.get_node(node_name)
+            return self.suppressed_plan(alert, rule)
+        node = await self._view.get(node_name)
         protected = protected_reason(node, self.policy.safety) if node is not None else None
         notes.append(f"protected-node check: {protected or ('node not found' if node is None else 'passed')}")
         dry_run = self.settings.dry_run or rule.dry_run
@@ -133,43 +304,70 @@ class Pipeline(Drains):
                 "dry-run: "
                 + ("service-wide" if self.settings.dry_run else f"rule {rule.name!r} has dry_run: true")
             )
-        notes.append(
-            f"pause: {'PAUSED (' + self.state.pause.reason + ')' if self.state.pause.paused else 'off'}"
-        )
+        pause = self._gates.pause
+        notes.append(f"pause: {'PAUSED (' + pause.reason + ')' if pause.paused else 'off'}")
         if not resolved:
-            notes.append(self.state.breaker.describe())
-        ctx = Context(
-            alert=alert, node_name=node_name, node=node, rule=rule, dry_run=dry_run, protected=protected
-        )
-        records = [*dropped, *await self._run_actions(ctx, actions, notes)]
-        notes.append(
-            f"budget: {self.state.budget.in_use} of {self.state.budget.capacity} nodes disrupted by "
-            "accel-health"
-        )
-        if rule.name in self.scoped:
-            notes.append(self.scoped.describe(rule.name, self.state.budget.holders()))
+            notes.append(self._gates.breaker.describe())
+        ctx = self.context(alert, node_name, node, rule, dry_run=dry_run)
+        records = [*dropped, *await self.run_actions(ctx, actions, notes)]
+        budget = self._gates.budget
+        notes.append(f"budget: {budget.in_use} of {budget.capacity} nodes disrupted by accel-health")
+        if rule.name in self._gates.scoped:
+            notes.append(self._gates.scoped.describe(rule.name, budget.holders()))
         return AlertPlan(alert, node_name, rule, tuple(notes), tuple(records))
 
-    async def _run_actions(
+    def context(
+        self, alert: Alert, node_name: str, node: Any, rule: Rule, *, dry_run: bool, **extra: Any
+    ) -> Context:
+        """The context an alert's actions are decided in, with what the node's record says."""
+        ctx = Context(
+            alert=alert,
+            node_name=node_name,
+            node=node,
+            rule=rule,
+            dry_run=dry_run,
+            protected=protected_reason(node, self.policy.safety) if node is not None else None,
+            **extra,
+        )
+        if alert.status == "firing":
+            recorded = self._view.steps(node, rule, alert.fingerprint, ctx.start)
+            ctx.intent = 0 if dry_run else recorded.intent
+            memory = 0
+            for index, action in enumerate(rule.actions):
+                if self._key(ctx, index, action) in self.decided:
+                    memory |= 1 << index
+            ctx.steps = memory | (0 if dry_run else recorded.decided)
+        return ctx
+
+    @staticmethod
+    def _key(ctx: Context, index: int, action: Action) -> Key:
+        alert = ctx.alert
+        return (alert.fingerprint, ctx.start, alert.status, index, action.type, ctx.dry_run)
+
+    async def run_actions(
         self, ctx: Context, actions: tuple[Action, ...], notes: list[str], *, start: int = 0
     ) -> list[DecisionRecord]:
+        """Decide `actions` (from `start`) for the context's alert."""
         alert, node_name, rule, dry_run = ctx.alert, ctx.node_name, ctx.rule, ctx.dry_run
+        firing = alert.status == "firing"
         records: list[DecisionRecord] = []
         for index, action in enumerate(actions):
             if index < start:
                 continue
-            key = (alert.fingerprint, alert.starts_at, alert.status, index, action.type, dry_run)
-            if key in self.state.decided:
+            key = self._key(ctx, index, action)
+            if key in self.decided or (firing and ctx.steps >> index & 1):
                 notes.append(f"{action.type}: already decided for this alert (idempotency)")
                 continue
-            running = self._drains.get(node_name)
+            running = self._drains.running.get(node_name)
             if running is not None and key in running.waiters:
                 notes.append(
                     f"{action.type}: running in the background since {running.as_json()['since']}; "
                     "the actions after it are decided when it ends"
                 )
                 break
-            seen = await self._announce(ctx, self._fault_seen(ctx))
+            ctx.index = index
+            held = self._gates.hold_everything(ctx) is not None
+            seen = self._events.fault_seen(ctx, held=held)
             result = await self._decide_guarded(ctx, action)
             if result.gate:
                 notes.append(f"{action.type}: gate {result.gate}: {result.reason}")
@@ -177,7 +375,8 @@ class Pipeline(Drains):
                 ctx.incomplete = ctx.incomplete or action.type
             if action.type == "drain" and result.outcome == "failed":  # planned refusal (dry-run), error
                 ctx.refused = ctx.refused or f"the drain failed ({result.reason})"
-            events = seen + await self._announce(ctx, self._action_event(ctx, action.type, result))
+            act = self._events.action_event(ctx, action.type, result)
+            events = await self._events.announce(ctx, self._events.combine(seen, act))
             details = (
                 {**result.details, "events": [e.as_json() for e in events]} if events else result.details
             )
@@ -193,24 +392,26 @@ class Pipeline(Drains):
             }
             if result.outcome == "deferred":
                 if result.gate == "hold":
-                    held = self._held.setdefault(node_name, {})
-                    if (alert.fingerprint, alert.starts_at, dry_run) not in held:
-                        held[(alert.fingerprint, alert.starts_at, dry_run)] = (alert, rule)
-                        self._dirty = self._dirty or not dry_run
+                    self.held.setdefault(node_name, {}).setdefault(
+                        (alert.fingerprint, ctx.start, dry_run), (alert, rule)
+                    )
                 rec = self._defer(key, alert, fields)
                 if rec is not None:
                     records.append(rec)
                 continue
             if result.outcome == "started":  # decided when the drain ends, with the actions after it
-                self._drains[node_name].waiters[key] = Waiter(key=key, alert=alert, rule=rule, index=index)
+                self._drains.running[node_name].waiters[key] = Waiter(
+                    key=key, alert=alert, rule=rule, index=index, steps=ctx.steps
+                )
                 self.pending.pop(key, None)
-                records.append(self._record(alert, **fields))
+                records.append(self._decisions.record(alert, **fields))
                 notes.append(f"{action.type}: the actions after it are decided when it ends")
                 break
             self.pending.pop(key, None)
-            self.state.decided.add(key, persist=not dry_run)
-            self._dirty = self._dirty or not dry_run
-            records.append(self._record(alert, **fields))
+            self.decided.add(key)
+            if firing:
+                ctx.steps |= 1 << index
+            records.append(self._decisions.record(alert, **fields))
         return records
 
     async def _decide_guarded(self, ctx: Context, action: Action) -> ActionResult:
@@ -228,28 +429,127 @@ class Pipeline(Drains):
             return ActionResult("failed", f"{type(exc).__name__}: {exc}")
 
     async def _decide(self, ctx: Context, action: Action) -> ActionResult:  # noqa: PLR0911  one per action type
-        if (early := self._precheck(ctx, action)) is not None:
+        if (early := self._gates.precheck(ctx, action)) is not None:
             return early
         node = ctx.node
-        assert node is not None  # _precheck skipped a missing node
+        assert node is not None  # precheck skipped a missing node
         match action:
             case Cordon():
-                return await self._cordon(ctx, node)
+                return await self._nodes.cordon(ctx, node)
             case AddTaint():
-                return await self._taint(ctx, node, action)
+                return await self._nodes.taint(ctx, node, action)
             case Drain():
-                return await self._drain(ctx, node, action)
+                return await self._drains.start(ctx, node, action)
             case SetCondition():
-                return await self._condition(ctx, node, action)
+                return await self._nodes.condition(ctx, node, action)
             case RecordEvent():
-                return await self._event(ctx)
+                return await self._nodes.event(ctx)
             case AwsSetUnhealthy():
-                return await self._aws_unhealthy(ctx, node, handover=action.handover_condition)
+                return await self._aws.unhealthy(ctx, node, handover=action.handover_condition)
             case AwsReboot():
-                return await self._aws_reboot(ctx, node, action)
+                return await self._aws.reboot(ctx, node, action)
             case CloudWatchMetric():
-                return await self._metric(ctx, node, action)
+                return await self._aws.metric(ctx, node, action)
             case Uncordon():
-                return await self._uncordon(ctx, node)
+                return await self._nodes.uncordon(ctx, node)
             case RemoveTaint():
-                return await self._untaint(ctx, node, action)
+                return await self._nodes.untaint(ctx, node, action)
+
+    # -- reversals held by other causes ------------------------------------------------------------
+
+    async def release_held(self, nodes: set[str]) -> None:
+        """Decide again the reversals held back on these nodes: a hold no cause asks for any more
+        is released now (the last cause resolved, or expired without a delivery)."""
+        for name in sorted(nodes & set(self.held)):
+            held = self.held.pop(name)
+            node = await self._view.get(name)
+            for (_, _, dry_run), (alert, rule) in held.items():
+                ctx = self.context(alert, name, node, rule, dry_run=dry_run)
+                await self.run_actions(ctx, rule.on_resolved, [])  # decided ones are skipped
+
+    # -- drains ending -----------------------------------------------------------------------------
+
+    async def drain_ended(
+        self, running: RunningDrain, outcome: DrainOutcome | None, error: str, final: bool
+    ) -> None:
+        """Record how the drain ended for each alert waiting on it, then decide their later actions."""
+        for waiter in list(running.waiters.values()):
+            await self._waiter_ended(running, waiter, outcome, error, final=final)
+
+    async def _waiter_ended(
+        self, running: RunningDrain, waiter: Waiter, outcome: DrainOutcome | None, error: str, *, final: bool
+    ) -> None:
+        action = waiter.rule.actions[waiter.index]
+        proceed = isinstance(action, Drain) and action.on_timeout == "proceed"
+        result, reason, refused, details = drain_end(outcome, error, final=final, proceed=proceed)
+        if final:
+            self.decided.add(waiter.key)
+            events: list[NodeEvent] = await self._events.drain_end(running.node, waiter, result, reason)
+            if events:
+                details = {**details, "events": [e.as_json() for e in events]}
+        self._decisions.record(
+            waiter.resolved or waiter.alert,
+            node=running.node,
+            action="drain",
+            rule=waiter.rule.name,
+            dry_run=False,
+            outcome=result,
+            reason=reason,
+            details=details,
+        )
+        if not final:
+            return
+        if waiter.resolved is not None:
+            self._skip_after_resolved(running.node, waiter)
+            return
+        if waiter.index + 1 >= len(waiter.rule.actions):
+            return
+        try:
+            node = await self._view.get(running.node)
+        except BackendUnavailable as exc:
+            logger.warning(
+                "%s: the actions after the drain are decided with the next delivery (%s)", running.node, exc
+            )
+            return
+        ctx = self.context(
+            waiter.alert, running.node, node, waiter.rule, dry_run=False, refused=refused, background=True
+        )
+        ctx.steps |= 1 << waiter.index
+        await self.run_actions(ctx, waiter.rule.actions, [], start=waiter.index + 1)
+
+    def _skip_after_resolved(self, node: str, waiter: Waiter) -> None:
+        alert, resolved = waiter.alert, waiter.resolved
+        assert resolved is not None  # only called for resolved waiters
+        start = episode_start(alert.starts_at)
+        for index, action in enumerate(waiter.rule.actions):
+            if index <= waiter.index:
+                continue
+            key = (alert.fingerprint, start, alert.status, index, action.type, False)
+            if key in self.decided:
+                continue
+            self.pending.pop(key, None)
+            self.decided.add(key)
+            self._decisions.record(
+                resolved,
+                node=node,
+                action=action.type,
+                rule=waiter.rule.name,
+                dry_run=False,
+                outcome="skipped",
+                reason="alert resolved while the drain ran; not run",
+            )
+
+    def _resolve_waiters(self, alert: Alert) -> None:
+        """The alert resolved while its drain runs: the drain finishes, the later actions will not run."""
+        episode = (alert.fingerprint, episode_start(alert.starts_at))
+        for running in self._drains.running.values():
+            for waiter in running.waiters.values():
+                same = (waiter.alert.fingerprint, episode_start(waiter.alert.starts_at)) == episode
+                if same and waiter.resolved is None:
+                    waiter.resolved = alert
+                    logger.info(
+                        "%s: alert %s resolved while its drain runs; the drain finishes, the later "
+                        "actions will not run",
+                        running.node,
+                        alert.fingerprint,
+                    )

@@ -174,6 +174,21 @@ class AwsExecutor:
                     break
         return found
 
+    enabled = True
+    """This seam calls AWS."""
+
+    async def health(self, instance_id: str) -> str | None:
+        """The instance's HealthStatus in its Auto Scaling group, or None when it is in no group."""
+        page = await self._call(
+            "DescribeAutoScalingInstances",
+            self._autoscaling.describe_auto_scaling_instances,
+            InstanceIds=[instance_id],
+        )
+        for inst in page.get("AutoScalingInstances", []):
+            if inst.get("InstanceId") == instance_id:
+                return str(inst.get("HealthStatus", "Healthy"))
+        return None
+
     async def set_unhealthy(self, instance_id: str) -> bool:
         """Mark the instance Unhealthy in its Auto Scaling group, which then replaces it. False when it
         is in no group (Karpenter, self-managed): nothing was marked and nothing will replace it."""

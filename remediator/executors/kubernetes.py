@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import json
 import logging
 import os
@@ -69,25 +68,24 @@ from remediator.cluster import (
 )
 from remediator.drain import DrainPlan, plan_drain
 from remediator.executors.watchcache import SharedWatch, WatchCache, namespaced_key
+from remediator.record import (
+    CORDONED_AT,
+    CORDONED_BY,
+    DRAIN_BLOCKED,
+    DRAIN_DEADLINE,
+    DRAIN_STARTED,
+    DRAIN_STATUS,
+    MANAGER,
+    TAINTS_ADDED,
+    RecordChange,
+    owned_taints,
+    parse_rfc3339,
+    rfc3339,
+    taint_id,
+)
 from remediator.state import StateError
 
 logger = logging.getLogger("remediator.kubernetes")
-
-PREFIX = "accel-health.io/"
-CORDONED_BY = PREFIX + "cordoned-by"
-"""Set when this service cordoned the node (value: the service's name); un-cordon requires it."""
-CORDONED_AT = PREFIX + "cordoned-at"
-"""When this service cordoned the node (RFC 3339)."""
-TAINTS_ADDED = PREFIX + "taints-added"
-"""JSON list of `key:effect` of taints this service added; only these are ever removed."""
-DRAIN_STARTED = PREFIX + "drain-started"
-"""When the current drain started (RFC 3339)."""
-DRAIN_DEADLINE = PREFIX + "drain-deadline"
-"""When the current drain gives up (RFC 3339); a resumed drain keeps it."""
-DRAIN_STATUS = PREFIX + "drain-status"
-"""`in-progress`, `done`, `timed-out` or `refused` (an eviction answered 403 or denied by admission)."""
-DRAIN_BLOCKED = PREFIX + "drain-blocked"
-"""After a drain that could not finish: `namespace/name` of the pods that blocked it."""
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -128,7 +126,9 @@ PDB_API = "policy/v1 poddisruptionbudgets"
 """The optional API a drain reads (planning only; evictions enforce the budgets themselves)."""
 
 STATE_KEY = "state.json"
-"""The state ConfigMap's data key holding the gate-state document."""
+"""The data key of the document an older release kept all its gate state in (migrated, then deleted)."""
+GATES_KEY = "gates.json"
+"""The gates ConfigMap's data key: the pause switch and the storm breaker's latch (remediator/state.py)."""
 
 PRIMED_LIST_SECONDS = 5.0
 """How long a LIST made for a plan may seed the watch of a drain that starts after it (the engine
@@ -141,7 +141,7 @@ PRIMED_LISTS_KEPT = 64
 class KubernetesSettings:
     """How the executor talks to the API server."""
 
-    manager: str = "accel-health-remediator"
+    manager: str = MANAGER
     """Written into annotations and as the Events' source component; identifies this service."""
     instance: str = field(default_factory=socket.gethostname)
     """Events' reportingInstance (the pod name in a cluster)."""
@@ -156,9 +156,13 @@ class KubernetesSettings:
     conflict_attempts: int = 8
     """Tries of a read-modify-write on 409 Conflict before giving up."""
     state_namespace: str = "accel-health"
-    """Namespace of the gate-state ConfigMap (the remediator's own)."""
-    state_configmap: str = "accel-health-remediator-state"
-    """Name of the ConfigMap holding the gate state (budget, breaker, idempotency keys, pause)."""
+    """Namespace of the gates ConfigMap (the remediator's own)."""
+    gates_configmap: str = "accel-health-remediator-gates"
+    """Name of the ConfigMap holding the pause switch and the storm breaker's latch (under 1 KiB,
+    written only when one of them changes). Everything else this service remembers is on the nodes."""
+    legacy_configmap: str = "accel-health-remediator-state"
+    """Name of the ConfigMap an older release kept all its gate state in: read once by a new leader,
+    what still matters moved onto the nodes, then deleted."""
     watch_seconds: int = 300
     """Server-side timeout of one WATCH request (the caches' watches are started again from their
     last resourceVersion when it ends)."""
@@ -192,15 +196,20 @@ def _pick_kubeconfig(kubeconfig: Path | None, env: Mapping[str, str], sa_dir: Pa
     raise ValueError("cannot load Kubernetes client configuration; tried " + "; ".join(tried))
 
 
-def _rfc3339(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _annotations(obj: Mapping[str, Any]) -> dict[str, str]:
+    return dict((obj.get("metadata") or {}).get("annotations") or {})
 
 
-def _parse_rfc3339(text: str) -> float | None:
-    try:
-        return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC).timestamp()
-    except ValueError:
-        return None
+def _record_annotation(record: RecordChange | None, obj: Mapping[str, Any]) -> dict[str, str | None]:
+    """The annotation entry that applies `record` to the node as read ({} for none)."""
+    return {} if record is None else record.annotation(_annotations(obj))
+
+
+def _kept(stored: Mapping[str, str], wanted: Mapping[str, str], record: RecordChange | None) -> bool:
+    """Did a write keep these annotations and this record change?"""
+    if any(stored.get(k) != v for k, v in wanted.items()):
+        return False
+    return record is None or not record.annotation(stored)
 
 
 def _taint_json(taint: Taint) -> dict[str, str]:
@@ -208,19 +217,6 @@ def _taint_json(taint: Taint) -> dict[str, str]:
     if taint.value:
         out["value"] = taint.value
     return out
-
-
-def _taint_id(key: str, effect: str) -> str:
-    return f"{key}:{effect}"
-
-
-def _owned_taints(annotations: Mapping[str, str]) -> list[str]:
-    raw = annotations.get(TAINTS_ADDED, "")
-    try:
-        value = json.loads(raw) if raw else []
-    except ValueError:
-        return []
-    return [str(v) for v in value] if isinstance(value, list) else []
 
 
 def manages_unschedulable(obj: Mapping[str, Any], manager: str) -> bool:
@@ -285,6 +281,9 @@ class KubernetesCluster:
         self.pdb_watches: dict[str, SharedWatch] = {}
         """The watch of every PodDisruptionBudget (key ""), while any drain runs."""
         self._primed: dict[str, tuple[float, list[dict[str, Any]], str]] = {}
+        self._started_here: dict[str, float] = {}
+        # node -> deadline of the drain whose start this process wrote (not "resumed"; the deadline
+        # to the fraction of a second, where the annotation keeps whole seconds)
         # LISTs just made for a plan: watch key -> (when, items, resourceVersion)
 
     # -- connecting ----------------------------------------------------------------------------
@@ -457,14 +456,20 @@ class KubernetesCluster:
         change: Callable[[dict[str, Any]], dict[str, Any] | None],
         *,
         current: dict[str, Any] | None = None,
+        status: bool = False,
+        ctype: str = MERGE_PATCH,
     ) -> bool:
         """Read-modify-write with the resourceVersion as precondition; retried on 409 Conflict.
 
-        `change` gets the node as read and returns a merge patch (without resourceVersion), or None
-        when nothing needs to change. `current` (a node just read) saves the first read. Returns
-        whether a patch was written.
+        `change` gets the node and returns a patch (without resourceVersion), or None when nothing
+        needs to change. The first attempt starts from `current` or, when not given, from the node
+        as the watch last saw it (no GET: a write costs one request); a conflict (the cache was
+        behind, or another writer was there) reads the node from the API and decides again.
+        `status` writes to the status subresource (conditions). Returns whether a patch was written.
         """
         self._ensure_leader(what)
+        if current is None and self.nodes.synced:
+            current = self.nodes.get(name)
         for attempt in range(1, self.settings.conflict_attempts + 1):
             if attempt > 1 or current is None:
                 current = await self._read_node_object(name)
@@ -477,7 +482,7 @@ class KubernetesCluster:
             rv = current.get("metadata", {}).get("resourceVersion")
             patch.setdefault("metadata", {})["resourceVersion"] = rv
             try:
-                await self._patch_node(name, patch)
+                await self._patch_node(name, patch, status=status, ctype=ctype)
             except ApiError as exc:
                 if exc.status == 409 and attempt < self.settings.conflict_attempts:
                     logger.info("%s on %s: conflict (attempt %d), re-reading", what, name, attempt)
@@ -489,14 +494,30 @@ class KubernetesCluster:
             return True
         raise BackendUnavailable(f"Kubernetes API: {what} {name}: still conflicting")  # pragma: no cover
 
-    async def _annotate(self, name: str, what: str, annotations: Mapping[str, str | None]) -> None:
-        """Merge-patch this service's own annotations (no precondition: nobody else writes them)."""
-        self._ensure_leader(what)
-        try:
-            await self._patch_node(name, {"metadata": {"annotations": dict(annotations)}})
-        except ApiError as exc:
-            if exc.status != 404:
-                raise BackendUnavailable(f"Kubernetes API: {what} {name}: {exc}") from exc
+    async def _annotate(
+        self,
+        name: str,
+        what: str,
+        annotations: Mapping[str, str | None],
+        *,
+        record: RecordChange | None = None,
+    ) -> None:
+        """Merge-patch this service's own annotations, and apply `record` to the node's record in the
+        same write (with the resourceVersion as precondition: the record is computed from the node)."""
+        if record is None:
+            self._ensure_leader(what)
+            try:
+                await self._patch_node(name, {"metadata": {"annotations": dict(annotations)}})
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise BackendUnavailable(f"Kubernetes API: {what} {name}: {exc}") from exc
+            return
+
+        def change(obj: dict[str, Any]) -> dict[str, Any] | None:
+            merged = {**dict(annotations), **record.annotation(_annotations(obj))}
+            return {"metadata": {"annotations": merged}} if merged else None
+
+        await self._modify_node(name, what, change)
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -509,9 +530,12 @@ class KubernetesCluster:
         except ObjectFormatError as exc:
             raise BackendUnavailable(f"node {name} has an unexpected shape: {exc}") from exc
 
-    async def annotate_node(self, node: str, annotations: Mapping[str, str | None]) -> None:
-        """Set (or, with None, remove) annotations of this service on the node."""
-        await self._annotate(node, "annotate", annotations)
+    async def annotate_node(
+        self, node: str, annotations: Mapping[str, str | None], *, record: RecordChange | None = None
+    ) -> None:
+        """Set (or, with None, remove) annotations of this service on the node; `record` is applied
+        to the node's record in the same write."""
+        await self._annotate(node, "annotate", annotations, record=record)
 
     async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None:
         """Set (or, with None, remove) labels on the node (a merge patch: other labels are kept)."""
@@ -698,17 +722,12 @@ class KubernetesCluster:
         except ObjectFormatError as exc:
             raise BackendUnavailable(f"a PodDisruptionBudget has an unexpected shape: {exc}") from exc
 
-    # -- gate state ----------------------------------------------------------------------------
+    # -- the gates ConfigMap (pause, breaker latch) and the older release's state ---------------
 
-    async def load_gate_state(self) -> Mapping[str, Any] | None:
-        """The document in the state ConfigMap; None when there is none yet.
-
-        Raises StateError when the ConfigMap holds something that is not a JSON object (the engine
-        then starts paused rather than with an empty budget), BackendUnavailable when unreachable.
-        """
-        name, namespace = self.settings.state_configmap, self.settings.state_namespace
+    async def _read_configmap(self, name: str) -> dict[str, Any] | None:
+        namespace = self.settings.state_namespace
         try:
-            obj = await self._call(
+            obj: dict[str, Any] = await self._call(
                 f"read ConfigMap {namespace}/{name}",
                 self._core.read_namespaced_config_map_without_preload_content,
                 name,
@@ -716,26 +735,39 @@ class KubernetesCluster:
             )
         except ApiError as exc:
             if exc.status == 404:
-                self._state_version = None
                 return None
             raise BackendUnavailable(f"Kubernetes API: read ConfigMap {namespace}/{name}: {exc}") from exc
-        self._state_version = (obj.get("metadata") or {}).get("resourceVersion")
-        text = (obj.get("data") or {}).get(STATE_KEY)
+        return obj
+
+    @staticmethod
+    def _document(obj: Mapping[str, Any], key: str, where: str) -> dict[str, Any] | None:
+        text = (obj.get("data") or {}).get(key)
         if text is None:
             return None
         try:
             document = json.loads(text)
         except ValueError as exc:
-            raise StateError(f"ConfigMap {namespace}/{name} key {STATE_KEY} is not JSON: {exc}") from exc
+            raise StateError(f"ConfigMap {where} key {key} is not JSON: {exc}") from exc
         if not isinstance(document, dict):
-            raise StateError(f"ConfigMap {namespace}/{name} key {STATE_KEY} is not a JSON object")
+            raise StateError(f"ConfigMap {where} key {key} is not a JSON object")
         return document
 
-    async def save_gate_state(self, document: Mapping[str, Any]) -> None:
-        """Replace the state ConfigMap's document, with the resourceVersion last read or written as
-        precondition (creating the ConfigMap when there was none); StateConflict when another writer
-        changed or created it since."""
-        name, namespace = self.settings.state_configmap, self.settings.state_namespace
+    async def load_gates(self) -> Mapping[str, Any] | None:
+        """The pause switch and breaker latch last saved; None when there are none yet. StateError
+        when the ConfigMap holds something that is not a JSON object (the engine then starts paused
+        rather than with the gates open), BackendUnavailable when unreachable."""
+        name = self.settings.gates_configmap
+        obj = await self._read_configmap(name)
+        self._state_version = None if obj is None else (obj.get("metadata") or {}).get("resourceVersion")
+        if obj is None:
+            return None
+        return self._document(obj, GATES_KEY, f"{self.settings.state_namespace}/{name}")
+
+    async def save_gates(self, document: Mapping[str, Any]) -> None:
+        """Replace the gates document, with the resourceVersion last read or written as precondition
+        (creating the ConfigMap when there was none); StateConflict when another writer changed or
+        created it since."""
+        name, namespace = self.settings.gates_configmap, self.settings.state_namespace
         self._ensure_leader(f"write ConfigMap {namespace}/{name}")
         body: dict[str, Any] = {
             "apiVersion": "v1",
@@ -745,7 +777,7 @@ class KubernetesCluster:
                 "namespace": namespace,
                 "labels": {"app.kubernetes.io/managed-by": self.settings.manager},
             },
-            "data": {STATE_KEY: json.dumps(document, separators=(",", ":"), sort_keys=True)},
+            "data": {GATES_KEY: json.dumps(document, separators=(",", ":"), sort_keys=True)},
         }
         what = f"write ConfigMap {namespace}/{name}"
         try:
@@ -768,17 +800,46 @@ class KubernetesCluster:
             raise BackendUnavailable(f"Kubernetes API: {what}: {exc}") from exc
         self._state_version = (obj.get("metadata") or {}).get("resourceVersion")
 
+    async def load_legacy_state(self) -> Mapping[str, Any] | None:
+        """The gate-state document of an older release, if its ConfigMap is still there (StateError
+        when it holds garbage)."""
+        name = self.settings.legacy_configmap
+        obj = await self._read_configmap(name)
+        if obj is None:
+            return None
+        return self._document(obj, STATE_KEY, f"{self.settings.state_namespace}/{name}") or {}
+
+    async def delete_legacy_state(self) -> None:
+        """Delete the older release's ConfigMap (once its content was moved onto the nodes)."""
+        name, namespace = self.settings.legacy_configmap, self.settings.state_namespace
+        self._ensure_leader(f"delete ConfigMap {namespace}/{name}")
+        try:
+            await self._call(
+                f"delete ConfigMap {namespace}/{name}",
+                self._core.delete_namespaced_config_map_without_preload_content,
+                name,
+                namespace,
+            )
+        except ApiError as exc:
+            if exc.status != 404:
+                raise BackendUnavailable(f"Kubernetes API: delete ConfigMap {namespace}/{name}: {exc}") from exc
+
     # -- cordon and taints ---------------------------------------------------------------------
 
-    async def cordon(self, node: str) -> bool:
-        """Cordon and record ownership; True when this call cordoned it. A node someone else cordoned
-        (before the read, or between the read and the write: the resourceVersion precondition makes
-        that a conflict, and the re-read sees the cordon) is left as it is and not claimed."""
+    async def cordon(self, node: str, *, record: RecordChange | None = None) -> bool:
+        """Cordon and record ownership (and `record`) in one write; True when this call cordoned it.
+        A node someone else cordoned (before the read, or between the read and the write: the
+        resourceVersion precondition makes that a conflict, and the re-read sees the cordon) is left
+        as it is and not claimed."""
 
         def change(obj: dict[str, Any]) -> dict[str, Any] | None:
             if obj.get("spec", {}).get("unschedulable"):
                 return None
-            annotations = {CORDONED_BY: self.settings.manager, CORDONED_AT: _rfc3339(self._clock())}
+            annotations: dict[str, str | None] = {
+                CORDONED_BY: self.settings.manager,
+                CORDONED_AT: rfc3339(self._clock()),
+                **_record_annotation(record, obj),
+            }
             return {"metadata": {"annotations": annotations}, "spec": {"unschedulable": True}}
 
         done = await self._modify_node(node, "cordon", change)
@@ -786,20 +847,22 @@ class KubernetesCluster:
             logger.info("cordoned %s", node)
         return done
 
-    async def uncordon(self, node: str) -> bool:
+    async def uncordon(self, node: str, *, record: RecordChange | None = None) -> bool:
         """Un-cordon only a node this service cordoned and whose cordon nobody changed since (the
         annotation, and managedFields showing this service still manages spec.unschedulable); True
-        when this call uncordoned it. Otherwise only the ownership annotation is forgotten."""
+        when this call uncordoned it. Otherwise only the ownership annotation is forgotten. `record`
+        is applied to the node's record in the same write."""
         flipped = False
 
         def change(obj: dict[str, Any]) -> dict[str, Any] | None:
             nonlocal flipped
             flipped = False
-            annotations = obj.get("metadata", {}).get("annotations") or {}
+            annotations = _annotations(obj)
             if annotations.get(CORDONED_BY) != self.settings.manager:
                 logger.info("uncordon %s: not cordoned by %s; left as it is", node, self.settings.manager)
                 return None
-            forget = {"metadata": {"annotations": {CORDONED_BY: None, CORDONED_AT: None}}}
+            drop: dict[str, str | None] = {CORDONED_BY: None, CORDONED_AT: None}
+            forget: dict[str, Any] = {"metadata": {"annotations": {**drop, **_record_annotation(record, obj)}}}
             if not obj.get("spec", {}).get("unschedulable"):
                 return forget  # a human un-cordoned it already
             if not manages_unschedulable(obj, self.settings.manager):
@@ -813,8 +876,9 @@ class KubernetesCluster:
             logger.info("uncordoned %s", node)
         return written and flipped
 
-    async def add_taint(self, node: str, taint: Taint) -> None:
-        """Add (or replace by key and effect) one taint; other taints are kept as they are."""
+    async def add_taint(self, node: str, taint: Taint, *, record: RecordChange | None = None) -> None:
+        """Add (or replace by key and effect) one taint; other taints are kept as they are. `record`
+        is applied to the node's record in the same write."""
 
         def change(obj: dict[str, Any]) -> dict[str, Any] | None:
             taints = list(obj.get("spec", {}).get("taints") or [])
@@ -823,75 +887,99 @@ class KubernetesCluster:
             if same and all(t.get("value", "") == taint.value for t in same):
                 return None
             kept = [t for t in taints if (t.get("key"), t.get("effect")) != (taint.key, taint.effect)]
-            annotations = obj.get("metadata", {}).get("annotations") or {}
-            owned = _owned_taints(annotations)
-            tid = _taint_id(taint.key, taint.effect)
+            owned = owned_taints(_annotations(obj))
+            tid = taint_id(taint.key, taint.effect)
             patch: dict[str, Any] = {
-                "spec": {"taints": [*kept, {**want, "timeAdded": _rfc3339(self._clock())}]}
+                "spec": {"taints": [*kept, {**want, "timeAdded": rfc3339(self._clock())}]}
             }
+            annotations = _record_annotation(record, obj)
             if not same and tid not in owned:  # only a taint we created is ours to remove later
-                patch["metadata"] = {"annotations": {TAINTS_ADDED: json.dumps(sorted([*owned, tid]))}}
+                annotations[TAINTS_ADDED] = json.dumps(sorted([*owned, tid]))
+            if annotations:
+                patch["metadata"] = {"annotations": annotations}
             return patch
 
         if await self._modify_node(node, "taint", change):
             logger.info("tainted %s with %s=%s:%s", node, taint.key, taint.value, taint.effect)
 
-    async def remove_taint(self, node: str, taint: Taint) -> None:
-        """Remove a taint, but only one this service added (per the taints-added annotation)."""
+    async def remove_taint(self, node: str, taint: Taint, *, record: RecordChange | None = None) -> None:
+        """Remove a taint, but only one this service added (per the taints-added annotation) and only
+        with the value it set: a taint someone changed since is left where it is and is no longer
+        counted as this service's. `record` is applied to the node's record in the same write."""
 
         def change(obj: dict[str, Any]) -> dict[str, Any] | None:
-            annotations = obj.get("metadata", {}).get("annotations") or {}
-            owned = _owned_taints(annotations)
-            tid = _taint_id(taint.key, taint.effect)
+            owned = owned_taints(_annotations(obj))
+            tid = taint_id(taint.key, taint.effect)
             if tid not in owned:
                 return None
             left = sorted(t for t in owned if t != tid)
             taints = list(obj.get("spec", {}).get("taints") or [])
-            kept = [t for t in taints if (t.get("key"), t.get("effect")) != (taint.key, taint.effect)]
-            return {
-                "metadata": {"annotations": {TAINTS_ADDED: json.dumps(left) if left else None}},
-                "spec": {"taints": kept},
-            }
+            kept = [
+                t
+                for t in taints
+                if (t.get("key"), t.get("effect"), t.get("value", "")) != (taint.key, taint.effect, taint.value)
+            ]
+            annotations = {TAINTS_ADDED: json.dumps(left) if left else None}
+            annotations |= _record_annotation(record, obj)
+            return {"metadata": {"annotations": annotations}, "spec": {"taints": kept}}
 
         if await self._modify_node(node, "untaint", change):
             logger.info("removed taint %s:%s from %s", taint.key, taint.effect, node)
 
     # -- conditions and events -----------------------------------------------------------------
 
-    async def set_condition(self, node: str, condition: NodeCondition) -> None:
-        """Upsert by type on the status subresource; lastTransitionTime moves only when status does."""
-        self._ensure_leader("set a node condition")
-        current = await self._read_node_object(node)
-        if current is None:
-            return
-        now = _rfc3339(self._clock())
-        previous = next(
-            (c for c in current.get("status", {}).get("conditions") or [] if c.get("type") == condition.type),
-            None,
-        )
-        transition = now
-        if previous is not None and previous.get("status") == condition.status:
-            transition = str(previous.get("lastTransitionTime") or now)
-        entry = {
-            "type": condition.type,
-            "status": condition.status,
-            "reason": condition.reason,
-            "message": condition.message,
-            "lastHeartbeatTime": now,
-            "lastTransitionTime": transition,
-        }
-        try:
-            await self._patch_node(
-                node, {"status": {"conditions": [entry]}}, status=True, ctype=STRATEGIC_MERGE_PATCH
+    async def set_condition(
+        self,
+        node: str,
+        condition: NodeCondition,
+        *,
+        record: RecordChange | None = None,
+        annotations: Mapping[str, str | None] | None = None,
+    ) -> None:
+        """Upsert by type on the status subresource (a strategic merge patch: the kubelet's own
+        conditions are untouched); lastTransitionTime moves only when status does. `record` and
+        `annotations` go into the same write (the API server keeps metadata written through a node's
+        status subresource), with the resourceVersion as precondition."""
+
+        def change(obj: dict[str, Any]) -> dict[str, Any] | None:
+            now = rfc3339(self._clock())
+            previous = next(
+                (c for c in obj.get("status", {}).get("conditions") or [] if c.get("type") == condition.type),
+                None,
             )
-        except ApiError as exc:
-            raise BackendUnavailable(f"Kubernetes API: set condition on {node}: {exc}") from exc
+            transition = now
+            if previous is not None and previous.get("status") == condition.status:
+                transition = str(previous.get("lastTransitionTime") or now)
+            entry = {
+                "type": condition.type,
+                "status": condition.status,
+                "reason": condition.reason,
+                "message": condition.message,
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": transition,
+            }
+            patch: dict[str, Any] = {"status": {"conditions": [entry]}}
+            meta = {**dict(annotations or {}), **_record_annotation(record, obj)}
+            if meta:
+                patch["metadata"] = {"annotations": meta}
+            return patch
+
+        written = await self._modify_node(
+            node, "set a node condition", change, status=True, ctype=STRATEGIC_MERGE_PATCH
+        )
+        wanted = {k: v for k, v in (annotations or {}).items() if v is not None}
+        stored = _annotations(self.nodes.get(node) or {})
+        if written and (record is not None or wanted) and not _kept(stored, wanted, record):
+            # An API server that drops metadata written through the status subresource (the 1.20
+            # one keeps it): the record and annotations follow in a write of their own.
+            logger.info("%s: metadata not kept by the status subresource; writing it apart", node)
+            await self._annotate(node, "record the condition", dict(annotations or {}), record=record)
 
     async def record_event(self, *, node: str, reason: str, message: str, type_: str) -> None:
         """A core/v1 Event about the node; a repeat within 10 minutes bumps the count, like client-go."""
         self._ensure_leader("record an event")
         now = self._clock()
-        stamp = _rfc3339(now)
+        stamp = rfc3339(now)
         ns = self.settings.event_namespace
         if len(message) > EVENT_MESSAGE_LIMIT:
             message = message[: EVENT_MESSAGE_LIMIT - 3] + "..."
@@ -1010,20 +1098,24 @@ class KubernetesCluster:
         annotations = (obj.get("metadata") or {}).get("annotations") or {}
         now = self._clock()
         if annotations.get(DRAIN_STATUS) == "in-progress":
-            deadline = _parse_rfc3339(annotations.get(DRAIN_DEADLINE, ""))
+            deadline = parse_rfc3339(annotations.get(DRAIN_DEADLINE, ""))
             if deadline is not None and deadline > now:
                 return deadline, True, {}
         deadline = now + timeout_s
         stamp: dict[str, str | None] = {
-            DRAIN_STARTED: _rfc3339(now),
-            DRAIN_DEADLINE: _rfc3339(deadline),
+            DRAIN_STARTED: rfc3339(now),
+            DRAIN_DEADLINE: rfc3339(deadline),
             DRAIN_STATUS: "in-progress",
             DRAIN_BLOCKED: None,
         }
         return deadline, False, stamp
 
     async def _cordon_for_drain(
-        self, node: str, obj: dict[str, Any], stamp: Mapping[str, str | None]
+        self,
+        node: str,
+        obj: dict[str, Any],
+        stamp: Mapping[str, str | None],
+        record: RecordChange | None,
     ) -> None:
         """Cordon (claiming it, if this service flips it) and record the drain's start in one write."""
 
@@ -1031,15 +1123,45 @@ class KubernetesCluster:
             annotations: dict[str, str | None] = dict(stamp)
             patch: dict[str, Any] = {}
             if not current.get("spec", {}).get("unschedulable"):
-                annotations |= {CORDONED_BY: self.settings.manager, CORDONED_AT: _rfc3339(self._clock())}
+                annotations |= {CORDONED_BY: self.settings.manager, CORDONED_AT: rfc3339(self._clock())}
                 patch["spec"] = {"unschedulable": True}
+            annotations |= _record_annotation(record, current)
             if not annotations:
                 return None
             return {**patch, "metadata": {"annotations": annotations}}
 
         await self._modify_node(node, "cordon and record drain start", change, current=obj)
 
-    async def drain(self, node: str, settings: DrainSettings) -> DrainOutcome:
+    async def start_drain(
+        self, node: str, settings: DrainSettings, *, record: RecordChange | None = None
+    ) -> None:
+        """Cordon (claiming it, if this call flips it), stamp the drain's start and deadline (kept when
+        a drain of the node is already in progress) and apply `record`, in one write from the node as
+        the watch saw it (a conflict reads it again)."""
+
+        deadline = self._clock() + settings.timeout_seconds
+
+        def change(obj: dict[str, Any]) -> dict[str, Any] | None:
+            nonlocal deadline
+            deadline, _, stamp = self._drain_window(obj, settings.timeout_seconds)
+            annotations: dict[str, str | None] = dict(stamp)
+            patch: dict[str, Any] = {}
+            if not obj.get("spec", {}).get("unschedulable"):
+                annotations |= {CORDONED_BY: self.settings.manager, CORDONED_AT: rfc3339(self._clock())}
+                patch["spec"] = {"unschedulable": True}
+            annotations |= _record_annotation(record, obj)
+            return {**patch, "metadata": {"annotations": annotations}} if annotations else None
+
+        await self._modify_node(node, "start drain", change)
+        self._started_here[node] = deadline
+
+    async def drain(
+        self,
+        node: str,
+        settings: DrainSettings,
+        *,
+        ended: Callable[[], RecordChange | None] | None = None,
+    ) -> DrainOutcome:
         """Cordon (if needed) and drain the node like `kubectl drain`, until done or the deadline.
 
         Pods that need permission the settings do not give (bare pods, emptyDir data) make the drain
@@ -1047,7 +1169,9 @@ class KubernetesCluster:
         BackendUnavailable when the API is unreachable and NotLeader when leadership is lost; the
         annotations let the next attempt (here or on the new leader) resume with the same deadline.
         The node's pods and the PodDisruptionBudgets are watched while it runs: the plan, the retries
-        and the wait for evicted pods read the watches, not the API.
+        and the wait for evicted pods read the watches, not the API. After `start_drain` (one write),
+        the write that records the end (or the refusal) carries `ended()`: two writes of the node
+        per drain.
         """
         self._ensure_leader(f"drain {node}")
         async with contextlib.AsyncExitStack() as stack:
@@ -1065,14 +1189,19 @@ class KubernetesCluster:
             uids = {_pod_key(o): _uid(o) for o in pod_objs}
             plan = _plan(node, pod_objs, pdb_cache, settings)
             skipped = tuple(f"{p.namespace}/{p.name}" for p in plan.skip)
+            here = self._started_here.pop(node, None)
             if plan.needs_permission:
-                await self._cordon_for_drain(node, obj, {})
+                await self._cordon_for_drain(node, obj, {}, None)
                 blocked = tuple(BlockedPod(p.namespace, p.name, p.reason) for p in plan.needs_permission)
                 outcome = DrainOutcome(node, False, False, (), skipped, blocked, False, self._clock())
-                await self._finish_drain(node, outcome, status=None)
+                in_progress = here is not None or _annotations(obj).get(DRAIN_STATUS) == "in-progress"
+                refused = "refused" if in_progress else None
+                await self._finish_drain(node, outcome, status=refused, record=ended() if ended else None)
                 return outcome
             deadline, resumed, stamp = self._drain_window(obj, settings.timeout_seconds)
-            await self._cordon_for_drain(node, obj, stamp)
+            if here is not None:
+                deadline, resumed = here, False
+            await self._cordon_for_drain(node, obj, stamp, None)
             targets = [(p.namespace, p.name) for p in (*plan.evict, *plan.waiting_on_pdb)]
             known = {(p.namespace, p.name) for p in (*plan.evict, *plan.skip, *plan.blocked)}
             run = _DrainRun(
@@ -1092,7 +1221,7 @@ class KubernetesCluster:
                 node, not blocked_list, timed_out, evicted, skipped, tuple(blocked_list), resumed, deadline
             )
             status = "refused" if run.refused else ("timed-out" if timed_out else "done")
-            await self._finish_drain(node, outcome, status=status)
+            await self._finish_drain(node, outcome, status=status, record=ended() if ended else None)
             return outcome
 
     async def _enter_pdb_watch(self, stack: contextlib.AsyncExitStack) -> WatchCache | None:
@@ -1104,11 +1233,16 @@ class KubernetesCluster:
             self._api_missing(PDB_API, exc)
             return None
 
-    async def _finish_drain(self, node: str, outcome: DrainOutcome, *, status: str | None) -> None:
+    async def _finish_drain(
+        self, node: str, outcome: DrainOutcome, *, status: str | None, record: RecordChange | None = None
+    ) -> None:
         if status is not None:
             blocked = ",".join(f"{b.namespace}/{b.name}" for b in outcome.blocked)
             await self._annotate(
-                node, "record drain result", {DRAIN_STATUS: status, DRAIN_BLOCKED: blocked or None}
+                node,
+                "record drain result",
+                {DRAIN_STATUS: status, DRAIN_BLOCKED: blocked or None},
+                record=record,
             )
         # The node's Event (AccelDrainFinished / AccelDrainBlocked) is the engine's, as the policy's
         # `events` setting says.

@@ -1,11 +1,12 @@
 """The snapshot backend: a cluster read from `kubectl get nodes,pods,poddisruptionbudgets -A -o yaml`.
 
 Mutations change only the in-memory copy (the file is never written), and every mutating call is
-listed in `mutations` (gate-state saves are counted in `gate_state_saves`), so tests can assert that
-a dry run made none. The gate-state document is kept
-in memory too (`gate_state`, stored as JSON text, so a second engine over the same backend reads back
-exactly what a Kubernetes object would hold). `RecordingAws` is the matching
-AWS seam: it records calls and calls nothing.
+listed in `mutations` (saves of the gates document are counted in `gates_saves`), so tests can assert
+that a dry run made none. Writes keep what the Kubernetes executor keeps on a node: the ownership
+annotations (`cordoned-by`, `taints-added`) and the node's record (remediator/record.py), in the same
+in-memory change, so a second engine over the same backend derives exactly what it would derive from
+a real cluster. The gates document is kept in memory as JSON text. `RecordingAws` is the matching AWS
+seam: it records calls and calls nothing.
 
 `drain` plans with remediator.drain like the Kubernetes executor and answers with the same
 `DrainOutcome`: pods that need permission refuse the drain before any eviction; the others are
@@ -43,6 +44,17 @@ from remediator.cluster import (
     pod_from_object,
 )
 from remediator.drain import plan_drain
+from remediator.record import (
+    CORDONED_AT,
+    CORDONED_BY,
+    DRAIN_STATUS,
+    MANAGER,
+    TAINTS_ADDED,
+    RecordChange,
+    owned_taints,
+    rfc3339,
+    taint_id,
+)
 
 
 class SnapshotError(ValueError):
@@ -69,10 +81,12 @@ class SnapshotCluster:
         self.events: list[dict[str, str]] = []
         self.mutations: list[str] = []
         """Every mutating call, e.g. `cordon gpu-node-1`, in order."""
-        self.gate_state: str | None = None
-        """The saved gate-state document, as JSON text."""
-        self.gate_state_saves = 0
-        """How often the gate state was saved (a mutating call not listed in `mutations`)."""
+        self.gates: str | None = None
+        """The saved gates document (pause, breaker latch), as JSON text."""
+        self.gates_saves = 0
+        """How often the gates document was saved (a mutating call not listed in `mutations`)."""
+        self.legacy_state: str | None = None
+        """An older release's whole gate-state document, as JSON text (migrated, then deleted)."""
 
     @classmethod
     def from_file(cls, path: Path) -> SnapshotCluster:
@@ -130,41 +144,85 @@ class SnapshotCluster:
         if name in self.nodes:
             self.nodes[name] = dataclasses.replace(self.nodes[name], **changes)
 
-    async def cordon(self, node: str) -> bool:
+    def _annotations(
+        self, name: str, annotations: Mapping[str, str | None], record: RecordChange | None
+    ) -> dict[str, str]:
+        """The node's annotations after this write (None removes; `record` applied)."""
+        current = dict(self.nodes[name].annotations)
+        changes = {**dict(annotations), **(record.annotation(current) if record is not None else {})}
+        merged = {**current, **changes}
+        return {k: v for k, v in merged.items() if v is not None}
+
+    async def cordon(self, node: str, *, record: RecordChange | None = None) -> bool:
         self.mutations.append(f"cordon {node}")
         before = self.nodes.get(node)
-        self._replace_node(node, unschedulable=True)
-        return before is not None and not before.unschedulable
+        if before is None or before.unschedulable:
+            return False
+        stamp: dict[str, str | None] = {CORDONED_BY: MANAGER, CORDONED_AT: rfc3339(self._clock())}
+        self._replace_node(node, unschedulable=True, annotations=self._annotations(node, stamp, record))
+        return True
 
-    async def uncordon(self, node: str) -> bool:
+    async def uncordon(self, node: str, *, record: RecordChange | None = None) -> bool:
+        """Like the Kubernetes executor: only a cordon this service made (its annotation)."""
         self.mutations.append(f"uncordon {node}")
         before = self.nodes.get(node)
-        self._replace_node(node, unschedulable=False)
-        return before is not None and before.unschedulable
+        if before is None or before.annotations.get(CORDONED_BY) != MANAGER:
+            return False
+        forget = {CORDONED_BY: None, CORDONED_AT: None}
+        self._replace_node(node, unschedulable=False, annotations=self._annotations(node, forget, record))
+        return before.unschedulable
 
-    async def add_taint(self, node: str, taint: Taint) -> None:
+    async def add_taint(self, node: str, taint: Taint, *, record: RecordChange | None = None) -> None:
         self.mutations.append(f"taint {node} {taint.key}={taint.value}:{taint.effect}")
-        if node in self.nodes:
-            kept = tuple(t for t in self.nodes[node].taints if (t.key, t.effect) != (taint.key, taint.effect))
-            self._replace_node(node, taints=(*kept, taint))
+        if node not in self.nodes:
+            return
+        current = self.nodes[node]
+        same = [t for t in current.taints if (t.key, t.effect) == (taint.key, taint.effect)]
+        kept = tuple(t for t in current.taints if (t.key, t.effect) != (taint.key, taint.effect))
+        owned = owned_taints(current.annotations)
+        tid = taint_id(taint.key, taint.effect)
+        extra: dict[str, str | None] = {}
+        if not same and tid not in owned:  # only a taint this service created is its to remove
+            extra[TAINTS_ADDED] = json.dumps(sorted([*owned, tid]))
+        self._replace_node(node, taints=(*kept, taint), annotations=self._annotations(node, extra, record))
 
-    async def remove_taint(self, node: str, taint: Taint) -> None:
+    async def remove_taint(self, node: str, taint: Taint, *, record: RecordChange | None = None) -> None:
+        """Like the Kubernetes executor: only a taint this service added, and only with the value it
+        set (a taint someone changed since is left, and no longer counted as this service's)."""
         self.mutations.append(f"untaint {node} {taint.key}:{taint.effect}")
-        if node in self.nodes:
-            kept = tuple(t for t in self.nodes[node].taints if (t.key, t.effect) != (taint.key, taint.effect))
-            self._replace_node(node, taints=kept)
+        if node not in self.nodes:
+            return
+        current = self.nodes[node]
+        owned = owned_taints(current.annotations)
+        tid = taint_id(taint.key, taint.effect)
+        if tid not in owned:
+            return
+        left = sorted(t for t in owned if t != tid)
+        forget: dict[str, str | None] = {TAINTS_ADDED: json.dumps(left) if left else None}
+        ours = [t for t in current.taints if (t.key, t.effect, t.value) == (taint.key, taint.effect, taint.value)]
+        kept = tuple(t for t in current.taints if t not in ours)
+        self._replace_node(node, taints=kept, annotations=self._annotations(node, forget, record))
 
-    async def set_condition(self, node: str, condition: NodeCondition) -> None:
+    async def set_condition(
+        self,
+        node: str,
+        condition: NodeCondition,
+        *,
+        record: RecordChange | None = None,
+        annotations: Mapping[str, str | None] | None = None,
+    ) -> None:
         self.mutations.append(f"condition {node} {condition.type}={condition.status}")
         if node in self.nodes:
             kept = tuple(c for c in self.nodes[node].conditions if c.type != condition.type)
-            self._replace_node(node, conditions=(*kept, condition))
+            merged = self._annotations(node, annotations or {}, record)
+            self._replace_node(node, conditions=(*kept, condition), annotations=merged)
 
-    async def annotate_node(self, node: str, annotations: Mapping[str, str | None]) -> None:
+    async def annotate_node(
+        self, node: str, annotations: Mapping[str, str | None], *, record: RecordChange | None = None
+    ) -> None:
         self.mutations.append(f"annotate {node} {', '.join(sorted(annotations))}")
         if node in self.nodes:
-            merged = {**self.nodes[node].annotations, **annotations}
-            self._replace_node(node, annotations={k: v for k, v in merged.items() if v is not None})
+            self._replace_node(node, annotations=self._annotations(node, annotations, record))
 
     async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None:
         self.mutations.append(f"label {node} {', '.join(f'{k}={v}' for k, v in sorted(labels.items()))}")
@@ -202,11 +260,37 @@ class SnapshotCluster:
         del self.pods[(namespace, name)]
         return EvictionResult.EVICTED
 
-    async def drain(self, node: str, settings: DrainSettings) -> DrainOutcome:
-        """Cordon and evict what `kubectl drain` would, in memory (see the module docstring)."""
+    async def start_drain(
+        self, node: str, settings: DrainSettings, *, record: RecordChange | None = None
+    ) -> None:
+        """Cordon (claimed when this call cordons it), mark the drain in progress, apply `record`."""
+        if node not in self.nodes:
+            raise BackendUnavailable(f"drain {node}: node not found")
+        if not self.nodes[node].unschedulable:
+            await self.cordon(node)
+        stamp: dict[str, str | None] = {DRAIN_STATUS: "in-progress"}
+        self._replace_node(node, annotations=self._annotations(node, stamp, record))
+
+    async def drain(
+        self,
+        node: str,
+        settings: DrainSettings,
+        *,
+        ended: Callable[[], RecordChange | None] | None = None,
+    ) -> DrainOutcome:
+        """Cordon and evict what `kubectl drain` would, in memory (see the module docstring); the end
+        is recorded on the node with `ended()`, as the Kubernetes executor writes it."""
         if node not in self.nodes:
             raise BackendUnavailable(f"drain {node}: node not found")
         self.mutations.append(f"drain {node}")
+        outcome = await self._drain(node, settings)
+        status = "done" if outcome.completed else ("timed-out" if outcome.timed_out else "refused")
+        change = ended() if ended is not None else None
+        if node in self.nodes:
+            self._replace_node(node, annotations=self._annotations(node, {DRAIN_STATUS: status}, change))
+        return outcome
+
+    async def _drain(self, node: str, settings: DrainSettings) -> DrainOutcome:
         plan = plan_drain(
             await self.list_pods(node),
             await self.list_pdbs(),
@@ -242,21 +326,34 @@ class SnapshotCluster:
             deadline=now if refused else now + settings.timeout_seconds,
         )
 
-    # -- gate state ------------------------------------------------------------------------------
+    # -- the gates document, and an older release's state -----------------------------------------
 
-    async def load_gate_state(self) -> Mapping[str, Any] | None:
-        if self.gate_state is None:
+    async def load_gates(self) -> Mapping[str, Any] | None:
+        if self.gates is None:
             return None
-        doc: Mapping[str, Any] = json.loads(self.gate_state)
+        doc: Mapping[str, Any] = json.loads(self.gates)
         return doc
 
-    async def save_gate_state(self, document: Mapping[str, Any]) -> None:
-        self.gate_state_saves += 1
-        self.gate_state = json.dumps(document, sort_keys=True)
+    async def save_gates(self, document: Mapping[str, Any]) -> None:
+        self.gates_saves += 1
+        self.gates = json.dumps(document, sort_keys=True)
+
+    async def load_legacy_state(self) -> Mapping[str, Any] | None:
+        if self.legacy_state is None:
+            return None
+        doc: Mapping[str, Any] = json.loads(self.legacy_state)
+        return doc
+
+    async def delete_legacy_state(self) -> None:
+        self.mutations.append("delete legacy state")
+        self.legacy_state = None
 
 
 class RecordingAws:
-    """The AWS seam in snapshot mode: remembers the calls, calls nothing."""
+    """The AWS seam in snapshot mode and in dry-run: remembers the calls, calls nothing."""
+
+    enabled = True
+    """It stands in for AWS (what a snapshot or a dry run would have called)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
@@ -265,6 +362,14 @@ class RecordingAws:
     async def set_unhealthy(self, instance_id: str) -> bool:
         self.calls.append(("SetInstanceHealth", {"InstanceId": instance_id, "HealthStatus": "Unhealthy"}))
         return True
+
+    async def health(self, instance_id: str) -> str | None:
+        """Unhealthy once marked here, else Healthy (every instance is in a group here). A read: not
+        listed in `calls`, which holds what would have changed something."""
+        marked = any(
+            op == "SetInstanceHealth" and args.get("InstanceId") == instance_id for op, args in self.calls
+        )
+        return "Unhealthy" if marked else "Healthy"
 
     async def reboot(self, instance_id: str) -> None:
         self.calls.append(("RebootInstances", {"InstanceIds": [instance_id]}))
@@ -278,3 +383,25 @@ class RecordingAws:
                 {"Namespace": namespace, "MetricName": name, "Value": value, "Dimensions": dict(dimensions)},
             )
         )
+
+
+class AwsOff:
+    """The AWS seam of a service that acts on a real cluster without --aws: it calls nothing and says
+    so (`enabled` is False), so an AWS action is skipped with that reason, never reported as done."""
+
+    enabled = False
+    """No AWS calls."""
+
+    async def health(self, instance_id: str) -> str | None:
+        raise AssertionError("AWS is off: the engine checks `enabled` before any call")
+
+    async def set_unhealthy(self, instance_id: str) -> bool:
+        raise AssertionError("AWS is off: the engine checks `enabled` before any call")
+
+    async def reboot(self, instance_id: str) -> None:
+        raise AssertionError("AWS is off: the engine checks `enabled` before any call")
+
+    async def put_metric(
+        self, *, namespace: str, name: str, value: float, dimensions: Mapping[str, str]
+    ) -> None:
+        raise AssertionError("AWS is off: the engine checks `enabled` before any call")

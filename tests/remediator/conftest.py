@@ -28,6 +28,7 @@ from remediator.cluster import (
 from remediator.engine import Engine, EngineSettings
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster
 from remediator.policy import Policy, load_policy
+from remediator.record import RecordChange
 
 REPO = Path(__file__).resolve().parents[2]
 SNAPSHOT = REPO / "examples" / "cluster-snapshot.yaml"
@@ -56,7 +57,9 @@ MUTATING = frozenset(
         "annotate_node",
         "label_node",
         "drain",
-        "save_gate_state",
+        "start_drain",
+        "save_gates",
+        "delete_legacy_state",
     }
 )
 
@@ -98,33 +101,42 @@ class CountingCluster:
         self.calls["list_pdbs"] += 1
         return await self.inner.list_pdbs()
 
-    async def cordon(self, node: str) -> bool:
+    async def cordon(self, node: str, *, record: RecordChange | None = None) -> bool:
         self.calls["cordon"] += 1
-        return await self.inner.cordon(node)
+        return await self.inner.cordon(node, record=record)
 
-    async def uncordon(self, node: str) -> bool:
+    async def uncordon(self, node: str, *, record: RecordChange | None = None) -> bool:
         self.calls["uncordon"] += 1
-        return await self.inner.uncordon(node)
+        return await self.inner.uncordon(node, record=record)
 
-    async def add_taint(self, node: str, taint: Taint) -> None:
+    async def add_taint(self, node: str, taint: Taint, *, record: RecordChange | None = None) -> None:
         self.calls["add_taint"] += 1
-        await self.inner.add_taint(node, taint)
+        await self.inner.add_taint(node, taint, record=record)
 
-    async def remove_taint(self, node: str, taint: Taint) -> None:
+    async def remove_taint(self, node: str, taint: Taint, *, record: RecordChange | None = None) -> None:
         self.calls["remove_taint"] += 1
-        await self.inner.remove_taint(node, taint)
+        await self.inner.remove_taint(node, taint, record=record)
 
-    async def set_condition(self, node: str, condition: NodeCondition) -> None:
+    async def set_condition(
+        self,
+        node: str,
+        condition: NodeCondition,
+        *,
+        record: RecordChange | None = None,
+        annotations: Mapping[str, str | None] | None = None,
+    ) -> None:
         self.calls["set_condition"] += 1
-        await self.inner.set_condition(node, condition)
+        await self.inner.set_condition(node, condition, record=record, annotations=annotations)
 
     async def record_event(self, *, node: str, reason: str, message: str, type_: str) -> None:
         self.calls["record_event"] += 1
         await self.inner.record_event(node=node, reason=reason, message=message, type_=type_)
 
-    async def annotate_node(self, node: str, annotations: Mapping[str, str | None]) -> None:
+    async def annotate_node(
+        self, node: str, annotations: Mapping[str, str | None], *, record: RecordChange | None = None
+    ) -> None:
         self.calls["annotate_node"] += 1
-        await self.inner.annotate_node(node, annotations)
+        await self.inner.annotate_node(node, annotations, record=record)
 
     async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None:
         self.calls["label_node"] += 1
@@ -138,17 +150,37 @@ class CountingCluster:
             namespace=namespace, name=name, grace_period_seconds=grace_period_seconds
         )
 
-    async def drain(self, node: str, settings: DrainSettings) -> DrainOutcome:
+    async def start_drain(
+        self, node: str, settings: DrainSettings, *, record: RecordChange | None = None
+    ) -> None:
+        self.calls["start_drain"] += 1
+        await self.inner.start_drain(node, settings, record=record)
+
+    async def drain(
+        self,
+        node: str,
+        settings: DrainSettings,
+        *,
+        ended: Callable[[], RecordChange | None] | None = None,
+    ) -> DrainOutcome:
         self.calls["drain"] += 1
-        return await self.inner.drain(node, settings)
+        return await self.inner.drain(node, settings, ended=ended)
 
-    async def load_gate_state(self) -> Mapping[str, Any] | None:
-        self.calls["load_gate_state"] += 1
-        return await self.inner.load_gate_state()
+    async def load_gates(self) -> Mapping[str, Any] | None:
+        self.calls["load_gates"] += 1
+        return await self.inner.load_gates()
 
-    async def save_gate_state(self, document: Mapping[str, Any]) -> None:
-        self.calls["save_gate_state"] += 1
-        await self.inner.save_gate_state(document)
+    async def save_gates(self, document: Mapping[str, Any]) -> None:
+        self.calls["save_gates"] += 1
+        await self.inner.save_gates(document)
+
+    async def load_legacy_state(self) -> Mapping[str, Any] | None:
+        self.calls["load_legacy_state"] += 1
+        return await self.inner.load_legacy_state()
+
+    async def delete_legacy_state(self) -> None:
+        self.calls["delete_legacy_state"] += 1
+        await self.inner.delete_legacy_state()
 
 
 class Service:

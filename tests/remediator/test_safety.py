@@ -1,6 +1,6 @@
 """The safety gates on an injected clock: budget (count and percentage), a rule's own budget over the
 nodes its selector covers, rate limits, the storm breaker's trip and self-reset, the pause switch,
-protected nodes, and the gate-state document."""
+protected nodes, and the gates document (pause switch and breaker latch)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from remediator.safety import (
     eligible_count,
     protected_reason,
 )
-from remediator.state import GateState, StateError
+from remediator.state import StateError, gates_document, load_gates
 
 
 class FakeClock:
@@ -62,13 +62,19 @@ def test_a_node_already_counted_is_admitted_again_without_using_more_budget() ->
     assert budget.holders()["a"].kinds == {"cordon", "drain"}
 
 
-def test_releasing_a_node_frees_its_slot() -> None:
+def test_live_holds_follow_the_nodes_observed_and_dry_run_holds_are_released_by_hand() -> None:
     budget = DisruptionBudget(max_nodes=1, clock=FakeClock())
     budget.commit("a", kind="cordon", dry_run=False)
     assert not budget.check("b").allowed
-    assert budget.release("a") is True
-    assert budget.release("a") is False
+    nodes = [Node(name=n, accelerators=("nvidia.com/gpu",)) for n in ("a", "b")]
+    budget.observe(nodes, SafetySettings(), holds={})  # a is no longer held, as the nodes show
     assert budget.check("b").allowed
+    budget.commit("b", kind="cordon", dry_run=True)
+    budget.observe(nodes, SafetySettings(), holds={})  # nothing on a node shows a dry-run hold: kept
+    assert set(budget.holders()) == {"b"}
+    assert budget.release_dry("b") is True
+    assert budget.release_dry("b") is False
+    assert budget.in_use == 0
 
 
 def test_commit_remembers_when_the_disruption_started() -> None:
@@ -275,7 +281,7 @@ def test_a_rules_budget_counts_only_the_nodes_its_selector_covers() -> None:
         "service (p5-0 held by accel-health (cordon), p5-1 unschedulable)"
     )
     assert scoped.check("g5", "g5-1", budget.holders()).allowed  # a rule without a budget of its own
-    budget.release("p5-0")
+    budget.observe(_pools(), SafetySettings(), holds={})  # p5-0 given back, as the nodes show
     assert scoped.check("p5", "p5-2", budget.holders()).allowed
 
 
@@ -348,52 +354,44 @@ def test_control_plane_and_opted_out_nodes_are_protected_and_not_eligible() -> N
     assert eligible_count(nodes, settings) == 2
 
 
-# -- the gate-state document -------------------------------------------------------------------
+# -- the gates document --------------------------------------------------------------------------
 
 
-def test_the_gate_state_document_round_trips_through_json_without_dry_run_decisions() -> None:
+def test_the_gates_document_keeps_the_pause_and_the_breaker_latch_in_under_a_kibibyte() -> None:
     clock = FakeClock()
-    settings = SafetySettings(rate_limits={"drain": RateLimit(max_actions=3, window_seconds=3600)})
-    state = GateState(settings=settings, clock=clock)
-    state.budget.commit("real", kind="drain", dry_run=False)
-    state.budget.commit("planned", kind="cordon", dry_run=True)
-    state.ownership.add_cordon("real", dry_run=False)
-    state.ownership.add_cordon("planned", dry_run=True)
-    state.ownership.add_taint("real", Taint("k", "v", "NoSchedule"), dry_run=False)
-    state.rate.commit("drain")
-    state.decided.add(("fp", "t", "firing", 0, "cordon", False))
-    state.decided.add(("fp", "t", "firing", 0, "cordon", True), persist=False)
-    state.breaker.evaluate(eligible=10, alerting=4)
-    state.pause.pause("test")
+    pause, breaker = PauseSwitch(clock=clock), StormBreaker(settings=StormSettings(), clock=clock)
+    breaker.evaluate(eligible=10, alerting=4)
+    pause.pause("rack maintenance " * 200)  # a long reason is cut, not stored whole
+    doc = json.loads(json.dumps(gates_document(pause, breaker)))
+    assert len(json.dumps(doc, separators=(",", ":"))) <= 1024
+    assert set(doc["breaker"]) == {"open", "opened_at", "trips"}  # the latch, not the counts
 
-    doc = json.loads(json.dumps(state.to_document()))
-    restored = GateState(settings=settings, clock=clock)
-    restored.load_document(doc)
-
-    assert set(restored.budget.holders()) == {"real"}
-    assert restored.budget.holders()["real"].kinds == {"drain"}
-    assert restored.ownership.cordoned == {"real": False}
-    assert restored.ownership.our_taints("real") == [Taint("k", "v", "NoSchedule")]
-    assert restored.rate.usage() == {"drain": 1}
-    assert ("fp", "t", "firing", 0, "cordon", False) in restored.decided
-    assert ("fp", "t", "firing", 0, "cordon", True) not in restored.decided
-    assert restored.breaker.open
-    assert restored.breaker.alerting == 4
-    assert restored.pause.paused
-    assert restored.pause.reason == "test"
+    restored_pause = PauseSwitch(clock=clock)
+    restored = StormBreaker(settings=StormSettings(), clock=clock)
+    load_gates(doc, restored_pause, restored)
+    assert restored.open
+    assert restored.trips == 1
+    assert restored.opened_at == 1_000.0
+    assert restored_pause.paused
+    assert restored_pause.reason.startswith("rack maintenance")
 
 
 @pytest.mark.parametrize(
     ("doc", "message"),
     [
         ([], "expected a mapping"),
-        ({"version": 99}, "version: expected 1"),
-        ({"version": 1, "breaker": {"open": "yes"}}, "breaker.open: expected true or false"),
-        ({"version": 1, "budget": {"n": {"since": "x"}}}, "budget.since: expected a number"),
-        ({"version": 1, "cordoned": "n"}, "cordoned: expected a list"),
-        ({"version": 1, "decided": [1]}, "decided: expected strings"),
+        ({"version": 1}, "version: expected 2"),
+        ({"version": 2, "breaker": {"open": "yes"}}, "breaker.open: expected true or false"),
+        ({"version": 2, "pause": {"paused": 1}}, "pause.paused: expected true or false"),
+        ({"version": 2, "pause": "on"}, "pause: expected a mapping"),
     ],
 )
-def test_an_unusable_gate_state_document_is_rejected_naming_the_field(doc: Any, message: str) -> None:
+def test_an_unusable_gates_document_is_rejected_naming_the_field_and_changes_nothing(
+    doc: Any, message: str
+) -> None:
+    clock = FakeClock()
+    pause, breaker = PauseSwitch(clock=clock), StormBreaker(settings=StormSettings(), clock=clock)
     with pytest.raises(StateError, match=message):
-        GateState(settings=SafetySettings(), clock=FakeClock()).load_document(doc)
+        load_gates(doc, pause, breaker)
+    assert not pause.paused
+    assert not breaker.open
