@@ -59,11 +59,13 @@ sys.path.insert(0, str(ROOT))  # the control-plane harness lives in tests/kube
 
 from remediator.alertmanager import AlertmanagerView, ShownAlert  # noqa: E402  after sys.path
 from remediator.audit import DecisionRecord  # noqa: E402  after sys.path
+from remediator.cluster import Node  # noqa: E402  after sys.path
 from remediator.engine import AlertPlan, Engine, EngineSettings  # noqa: E402  after sys.path
 from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings  # noqa: E402
 from remediator.executors.snapshot import RecordingAws  # noqa: E402  after sys.path
 from remediator.payload import parse_body  # noqa: E402  after sys.path
 from remediator.policy import Policy, load_policy, parse_policy  # noqa: E402  after sys.path
+from remediator.record import PREFIX  # noqa: E402  after sys.path
 from tests.kube.conftest import control_plane_skip_reason  # noqa: E402  after sys.path
 from tests.kube.controlplane import ControlPlane, control_plane, request_of  # noqa: E402
 from tests.kube.kubelet import FakeKubelet  # noqa: E402  after sys.path
@@ -73,7 +75,7 @@ NODES = 2000
 NS = "accel-health"
 SA = "bench-remediator"
 USER = f"system:serviceaccount:{NS}:{SA}"
-STATE_CM = "accel-health-remediator-state"
+STATE_CM = "accel-health-remediator-gates"
 CONDITION = "AcceleratorHealthy"
 WRITES = ("create", "update", "patch", "delete", "deletecollection")
 STARTS = "2025-11-22T20:00:00.000Z"
@@ -238,6 +240,14 @@ def api_view(alerts: list[dict[str, Any]]) -> AlertmanagerView:
 # -- part 1: requests per delivery ---------------------------------------------------------------------
 
 
+def record_bytes(nodes: list[Node]) -> int:
+    """The largest total of this service's annotations on one node (its record and ownership)."""
+    return max(
+        (sum(len(k) + len(v) for k, v in n.annotations.items() if k.startswith(PREFIX)) for n in nodes),
+        default=0,
+    )
+
+
 def taken(plans: list[AlertPlan]) -> list[DecisionRecord]:
     return [r for p in plans for r in p.records if r.outcome in ("done", "started")]
 
@@ -299,7 +309,7 @@ async def requests_per_delivery(plane: ControlPlane, token: str) -> bool:
         for label, new, step in steps:
             plans = await step()
             made = count(await audit.settle())
-            made["doc"] = len(json.dumps(engine.state.to_document(), separators=(",", ":")))
+            made["doc"] = record_bytes(await cluster.list_nodes())
             rows.append((label, new, len(taken(plans)), made))
         cache = (cluster.nodes.lists, cluster.nodes.watches)
     finally:
@@ -408,7 +418,7 @@ async def one_decision(
         taken=sum(1 for r in records if r.outcome in ("done", "started", "planned")),
         deferred=sum(1 for r in records if r.outcome == "deferred"),
         requests=count(await audit.settle()),
-        doc=len(json.dumps(engine.state.to_document(), separators=(",", ":"))),
+        doc=record_bytes(await engine.view.all()),
     )
 
 

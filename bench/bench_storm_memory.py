@@ -55,7 +55,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the control-plane harness lives in tests/kube
 
-from bench_reconcile_api import NODES, connection, node_name, populate  # noqa: E402  same harness
+from bench_reconcile_api import NODES, connection, node_name, populate, record_bytes  # noqa: E402  same harness
 
 from remediator.alertmanager import AlertmanagerView, ShownAlert  # noqa: E402  after sys.path
 from remediator.cluster import BackendUnavailable, Cluster, Node  # noqa: E402  after sys.path
@@ -254,7 +254,7 @@ def level_at(elapsed: float) -> int:
     return int(share * NODES * 1.2)  # 1.2 alerts per faulty node
 
 
-# -- the clusters, their gate-state writes counted ---------------------------------------------------------
+# -- the clusters, their writes of the gates document counted -------------------------------------------
 
 
 def _size(document: Mapping[str, Any]) -> int:
@@ -262,27 +262,31 @@ def _size(document: Mapping[str, Any]) -> int:
 
 
 class CountedKube(KubernetesCluster):
-    """The Kubernetes executor, counting the gate-state documents it writes."""
+    """The Kubernetes executor, counting the gates documents it writes (the one object outside nodes)."""
 
     state_writes = 0
     state_bytes = 0
+    state_largest = 0
 
-    async def save_gate_state(self, document: Mapping[str, Any]) -> None:
-        await super().save_gate_state(document)
+    async def save_gates(self, document: Mapping[str, Any]) -> None:
+        await super().save_gates(document)
         self.state_writes += 1
         self.state_bytes += _size(document)
+        self.state_largest = max(self.state_largest, _size(document))
 
 
 class CountedSnapshot(SnapshotCluster):
-    """The in-memory backend, counting the gate-state documents it writes."""
+    """The in-memory backend, counting the gates documents it writes."""
 
     state_writes = 0
     state_bytes = 0
+    state_largest = 0
 
-    async def save_gate_state(self, document: Mapping[str, Any]) -> None:
-        await super().save_gate_state(document)
+    async def save_gates(self, document: Mapping[str, Any]) -> None:
+        await super().save_gates(document)
         self.state_writes += 1
         self.state_bytes += _size(document)
+        self.state_largest = max(self.state_largest, _size(document))
 
 
 def etcd_mib(plane: ControlPlane) -> float:
@@ -308,27 +312,27 @@ def rss_mib() -> float:
     return float("nan")
 
 
-def sizes(engine: Engine, cluster: Cluster) -> dict[str, int]:
-    """The engine's bookkeeping, by what it is keyed on."""
-    st = engine.state
+async def sizes(engine: Engine, cluster: Cluster) -> dict[str, int]:
+    """The engine's bookkeeping, by what it is keyed on, and what it wrote outside nodes."""
+    gates = engine.gates
     out = {
-        "decided": len(st.decided),
+        "decided": len(engine.decided),
         "pending": len(engine.pending),
         "log": len(engine.log),
-        "held": sum(len(v) for v in engine._held.values()),  # a benchmark looks inside
-        "firing": len(st.firing.all()),
+        "held": sum(len(v) for v in engine.reconciler.held.values()),
+        "firing": len(engine.firing.all()),
         "suppressed": len(engine.suppressed),
-        "budget": len(st.budget.holders()),
-        "others": len(st.budget.others),
-        "rate": sum(st.rate.usage().values()),
-        "owned": len(st.ownership.cordoned) + len(st.ownership.tainted),
+        "budget": len(gates.budget.holders()),
+        "others": len(gates.budget.others),
+        "rate": sum(gates.rate.usage().values()),
+        "record_B": record_bytes(await cluster.list_nodes()),
     }
     if isinstance(cluster, KubernetesCluster):
         out["event_keys"] = cluster.event_series
         out["cached_nodes"] = len(cluster.nodes.objects())
     if isinstance(cluster, CountedKube | CountedSnapshot):
         out["state_writes"] = cluster.state_writes
-        out["state_MiB"] = cluster.state_bytes // 2**20
+        out["state_B"] = cluster.state_largest
     return out
 
 
@@ -400,10 +404,10 @@ class Run:
         await self.engine.reconcile(self.weather.view(now))
         self.latencies.append(time.perf_counter() - started)
 
-    def sample(self, elapsed: float) -> None:
+    async def sample(self, elapsed: float) -> None:
         gc.collect()
         traced = tracemalloc.get_traced_memory()[0] / 2**20 if self.trace else float("nan")
-        counts = sizes(self.engine, self.cluster)
+        counts = await sizes(self.engine, self.cluster)
         if self.plane is not None:
             counts["etcd_MiB"] = round(etcd_mib(self.plane))
         sample = Sample(elapsed / 60, rss_mib(), traced, counts, self.ticks, self.deliveries)
@@ -419,7 +423,7 @@ class Run:
         while True:
             now = time.time()
             if now >= next_sample:
-                self.sample(now - t0)
+                await self.sample(now - t0)
                 next_sample += SAMPLE
                 if now >= end:
                     return
@@ -430,7 +434,7 @@ class Run:
                     next_view += SAMPLE
             except BackendUnavailable as exc:
                 self.failure = f"at minute {(time.time() - t0) / 60:.1f}: {exc}"
-                self.sample(time.time() - t0)
+                await self.sample(time.time() - t0)
                 return
             spent = time.time() - now
             self.late_ticks += spent > TICK
@@ -446,7 +450,7 @@ class Run:
             "new_episodes": w.episodes,
             "resolves": w.resolves,
             "vanished": w.vanished,
-            "breaker_trips": self.engine.state.breaker.trips,
+            "breaker_trips": self.engine.gates.breaker.trips,
         }
         if lat:
             out["delivery_ms"] = {
@@ -484,8 +488,9 @@ COLUMNS = (
     "suppressed",
     "budget",
     "event_keys",
+    "record_B",
     "state_writes",
-    "state_MiB",
+    "state_B",
     "etcd_MiB",
 )
 

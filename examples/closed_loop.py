@@ -111,7 +111,7 @@ async def run_loop(on_step: Callable[[Step], None] = lambda _step: None) -> list
             policy=policy,
             cluster=cluster,
             verifier=ExporterChecks(endpoint=url_template_endpoint(url), token=token, timeout_seconds=10),
-            firing=lambda node: engine.state.firing.causes(node),  # noqa: PLW0108  state is replaced on re-read
+            firing=engine.causes,
             publish=engine.publish,
         )
         node = cluster.nodes[SNAPSHOT_NODE]

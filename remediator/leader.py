@@ -3,7 +3,8 @@
 Only the leader acts. `install(app, elector, replica=engine)` wires the election into the aiohttp
 service: the elector runs for the application's lifetime; a replica that becomes leader reads the
 view again from the cluster (`replica.became_leader()`, then `replica.sync()`, retried with back-off
-until it succeeds) and `/readyz` answers 200 only once that is done and while it leads (so the Service sends Alertmanager's deliveries to the leader).
+until it succeeds) and `/readyz` answers 200 only once that is done and while it leads (so the
+Service sends Alertmanager's deliveries to the leader).
 A follower serves nothing that shows or changes the gates: `/alerts`, `/actions`, `/state`,
 `/pause` and `/resume` answer 503 naming the leader (a follower's log and gates are stale, and a
 pause set in its memory would act nowhere); the operator asks again (the Service routes to the
@@ -415,7 +416,7 @@ def install(app: web.Application, elector: LeaderElector, *, replica: Replica | 
         while elector.is_leader:
             try:
                 await app[REPLICA].sync()
-            except Exception as exc:  # noqa: BLE001  any failure of the rebuild: logged, retried
+            except Exception as exc:  # any failure of the rebuild: logged, retried
                 logger.warning("rebuilding after becoming leader failed (%s); again in %.1f s", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RESYNC_MAX_SECONDS)

@@ -221,11 +221,11 @@ class RecordChange:
         episodes = {
             fp: ep for fp, ep in record.episodes.items() if (ep.fingerprint, ep.start) not in self.forget
         }
-        for mine in self.episodes:
-            old = episodes.get(mine.fingerprint)
-            if old is not None and old.start == mine.start:
-                mine = replace(mine, steps=mine.steps | old.steps)
-            episodes[mine.fingerprint] = mine
+        for given in self.episodes:
+            old = episodes.get(given.fingerprint)
+            if old is not None and old.start == given.start:
+                given = replace(given, steps=given.steps | old.steps)  # noqa: PLW2901  merged with what is there
+            episodes[given.fingerprint] = given
         if len(episodes) > MAX_EPISODES:
             kept = sorted(episodes.values(), key=lambda e: (e.start, e.fingerprint))[-MAX_EPISODES:]
             episodes = {e.fingerprint: e for e in kept}

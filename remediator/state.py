@@ -58,8 +58,9 @@ def load_gates(doc: Any, pause: PauseSwitch, breaker: StormBreaker) -> None:
         if not isinstance(section, Mapping):
             raise StateError(f"{key}: expected a mapping")
         sections[key] = section
-    trial_pause, trial_breaker = PauseSwitch(clock=lambda: 0.0), StormBreaker(
-        settings=breaker.settings, clock=lambda: 0.0
+    trial_pause, trial_breaker = (
+        PauseSwitch(clock=lambda: 0.0),
+        StormBreaker(settings=breaker.settings, clock=lambda: 0.0),
     )
     for key, part in (("pause", trial_pause), ("breaker", trial_breaker)):
         try:

@@ -49,7 +49,9 @@ class AwsActuator:
         prefix = f"{why}; " if why else ""
         asked = bool(ctx.intent >> ctx.index & 1)
         if asked and handover and _handed_over(node, handover):
-            return self._marked(ctx, node, prefix, details, f"{handover}=False already set (asked for before)")
+            return self._marked(
+                ctx, node, prefix, details, f"{handover}=False already set (asked for before)"
+            )
         if (held := self._gates.check(ctx, "aws_set_unhealthy", node.name)) is not None:
             return held
         if handover and karpenter_managed(node):
@@ -86,7 +88,8 @@ class AwsActuator:
         self, ctx: Context, node: Node, prefix: str, details: Mapping[str, Any], how: str = ""
     ) -> ActionResult:
         self._gates.commit(ctx, "aws_set_unhealthy", node.name)
-        text = f"{details['instance_id']} Unhealthy in its Auto Scaling group (no grace period): it gets replaced"
+        instance = details["instance_id"]
+        text = f"{instance} Unhealthy in its Auto Scaling group (no grace period): it gets replaced"
         suffix = f" ({how})" if how else ""
         return done(
             ctx, f"{prefix}marked {text}{suffix}", would=f"{prefix}would mark {text}", details=details
@@ -163,9 +166,7 @@ class AwsActuator:
             )
         self._gates.commit(ctx, "cloudwatch_metric", node.name)
         text = f"{action.namespace}/{action.metric_name}=1 {dims}"
-        return done(
-            ctx, f"put metric {text}", would=f"would put metric {text}", details={"dimensions": dims}
-        )
+        return done(ctx, f"put metric {text}", would=f"would put metric {text}", details={"dimensions": dims})
 
 
 def _handed_over(node: Node, condition_type: str) -> bool:

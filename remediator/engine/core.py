@@ -71,7 +71,12 @@ class Engine:
         self.decisions = Decisions(log=log if log is not None else DecisionLog(), clock=clock)
         self.events = EventRecorder(cluster=cluster, mode=policy.events, seen=self.decided.first)
         self.drains = DrainRunner(
-            cluster=cluster, gates=self.gates, view=self.view, settings=settings.drain, clock=clock, lock=self._lock
+            cluster=cluster,
+            gates=self.gates,
+            view=self.view,
+            settings=settings.drain,
+            clock=clock,
+            lock=self._lock,
         )
         actuator = NodeActuator(
             cluster=cluster,
@@ -169,7 +174,9 @@ class Engine:
                     view = await self.alertmanager()
             except TimeoutError:
                 view = None
-                logger.warning("Alertmanager not read within %.0f s; ready without it", ALERTMANAGER_READ_SECONDS)
+                logger.warning(
+                    "Alertmanager not read within %.0f s; ready without it", ALERTMANAGER_READ_SECONDS
+                )
             if view is not None:
                 await self.reconcile(view)
         async with self._lock:
@@ -208,7 +215,9 @@ class Engine:
             for episode in episodes:
                 rule = self.policy.rule(episode.rule)
                 if rule is None:
-                    logger.warning("%s: episode of rule %r no longer in the policy; ignored", name, episode.rule)
+                    logger.warning(
+                        "%s: episode of rule %r no longer in the policy; ignored", name, episode.rule
+                    )
                     continue
                 alert = _alert_of(episode, node=name, label=label)
                 if self.firing.known(name, episode.fingerprint) is None:
@@ -226,7 +235,8 @@ class Engine:
         self._synced = True
         self.rebuilds += 1
         logger.info(
-            "rebuilt from %d node(s): %d held, %d with alerts recorded, %d drain(s) to resume; breaker %s, %s",
+            "rebuilt from %d node(s): %d held, %d with alerts recorded, %d drain(s) to resume; "
+            "breaker %s, %s",
             len(nodes),
             len(self.gates.budget.holders()),
             len(self.firing.nodes()),
@@ -244,7 +254,11 @@ class Engine:
             try:
                 observed = await self._observe(payload)
                 plans = [await self.reconciler.handle_alert(o) for o in observed]
-                await self.reconciler.release_held({o.node_name for o in observed if o.alert.status == "resolved"})
+                await self.reconciler.release_held(
+                    {o.node_name for o in observed if o.alert.status == "resolved"}
+                )
+                if not self.settings.dry_run and any(r.outcome == "done" for p in plans for r in p.records):
+                    await self._observe_nodes()  # what it holds now, as the nodes show it
                 return plans
             finally:
                 await self._save_latches()
@@ -270,7 +284,9 @@ class Engine:
                 if cause.fingerprint not in view.alerts
             ]
         plans = [
-            self.reconciler.suppressed_plan(a, (await self.reconciler.select(a, a.labels.get(label, ""))).rule)
+            self.reconciler.suppressed_plan(
+                a, (await self.reconciler.select(a, a.labels.get(label, ""))).rule
+            )
             for a in quiet
         ]
         if active or resolved:
@@ -287,7 +303,9 @@ class Engine:
             node_name = alert.labels.get(label, "")
             chosen = await self.reconciler.select(alert, node_name) if node_name else Selection(None)
             rule = chosen.rule
-            observed.append(Observed(alert=alert, node_name=node_name, rule=rule, passed_over=chosen.passed_over))
+            observed.append(
+                Observed(alert=alert, node_name=node_name, rule=rule, passed_over=chosen.passed_over)
+            )
             if not node_name:
                 continue
             if alert.status == "resolved":

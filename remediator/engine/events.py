@@ -7,13 +7,11 @@ for it (`AccelFaultDetected: ... ; cordoned`), the later actions have one each."
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from collections.abc import Callable
-
 from remediator.audit import Outcome
-from remediator.cluster import BackendUnavailable
-from remediator.cluster import Cluster
+from remediator.cluster import BackendUnavailable, Cluster
 from remediator.engine.model import ActionResult, Context, Waiter
 
 logger = logging.getLogger("remediator.decisions")
@@ -78,7 +76,7 @@ class EventRecorder:
         self.mode = mode
         """all, failures or none (the policy's `events`)."""
         self._seen = seen
-        """Asks (and remembers) whether a fault's Event was decided already: idempotency's memory."""
+        """True the first time a key is asked (and remembers it): idempotency's memory."""
 
     def fault_seen(self, ctx: Context, *, held: bool) -> NodeEvent | None:
         """The Event that says the fault was seen: once per firing alert, with its first decision
@@ -87,8 +85,8 @@ class EventRecorder:
         alert = ctx.alert
         if self.mode != "all" or alert.status != "firing" or ctx.node is None or ctx.protected or held:
             return None
-        if self._seen((alert.fingerprint, ctx.start, alert.status, "fault-seen", ctx.dry_run)):
-            return None
+        if not self._seen((alert.fingerprint, ctx.start, alert.status, "fault-seen", ctx.dry_run)):
+            return None  # told already
         alertname = alert.labels.get("alertname", "AcceleratorFault")
         summary = alert.annotations.get("summary") or alert.annotations.get("description") or ""
         message = f"{alertname} firing" + (f": {summary}" if summary else "") + f" (rule {ctx.rule.name})"

@@ -57,9 +57,7 @@ def evident_steps(rule: Rule, node: Node, *, alertname: str, replaced: bool) -> 
             case AddTaint():
                 seen = taint_id(action.key, action.effect) in taints
             case SetCondition():
-                seen = any(
-                    c.type == action.condition_type and c.reason == alertname for c in node.conditions
-                )
+                seen = any(c.type == action.condition_type and c.reason == alertname for c in node.conditions)
             case Drain():
                 seen = node.annotations.get(DRAIN_STATUS) in ("done", "timed-out", "refused")
             case AwsSetUnhealthy():
@@ -84,7 +82,12 @@ def _causes(doc: Mapping[str, Any]) -> dict[str, list[tuple[str, str, str, str]]
         for fp, cause in causes.items():
             if isinstance(cause, Mapping):
                 out.setdefault(str(node), []).append(
-                    (str(fp), str(cause.get("rule", "")), str(cause.get("alertname", "")), str(cause.get("startsAt", "")))
+                    (
+                        str(fp),
+                        str(cause.get("rule", "")),
+                        str(cause.get("alertname", "")),
+                        str(cause.get("startsAt", "")),
+                    )
                 )
     held = doc.get("held") or {}
     if isinstance(held, Mapping):
@@ -138,7 +141,9 @@ async def migrate_legacy_state(*, cluster: Cluster, policy: Policy, nodes: Seque
                 continue
             steps = evident_steps(rule, node, alertname=alertname, replaced=replaced)
             start = episode_start(starts_at)
-            episodes.append(Episode(fingerprint=fp, rule=rule.name, alertname=alertname, start=start, steps=steps))
+            episodes.append(
+                Episode(fingerprint=fp, rule=rule.name, alertname=alertname, start=start, steps=steps)
+            )
         if not episodes:
             continue
         since = (budget.get(name) or {}).get("since", 0) if isinstance(budget, Mapping) else 0
@@ -152,7 +157,9 @@ async def migrate_legacy_state(*, cluster: Cluster, policy: Policy, nodes: Seque
     gates = {key: doc[key] for key in ("pause", "breaker") if isinstance(doc.get(key), Mapping)}
     if gates and await cluster.load_gates() is None:
         breaker = {k: v for k, v in gates.get("breaker", {}).items() if k in ("open", "opened_at", "trips")}
-        await cluster.save_gates({"version": GATES_VERSION, "pause": gates.get("pause", {}), "breaker": breaker})
+        await cluster.save_gates(
+            {"version": GATES_VERSION, "pause": gates.get("pause", {}), "breaker": breaker}
+        )
     await cluster.delete_legacy_state()
     logger.warning(
         "moved the older release's gate state onto %d node(s) and deleted it (idempotency keys and "

@@ -168,6 +168,7 @@ class NodeActuator:
 
     def _removable(self, ctx: Context, node: Node, action: RemoveTaint) -> list[Taint] | ActionResult:
         """The taints of `action.key` this service added and nobody changed since, or why none."""
+
         def wanted(key: str, effect: str) -> bool:
             return key == action.key and (action.effect is None or effect == action.effect)
 
@@ -185,7 +186,9 @@ class NodeActuator:
             out += [Taint(key=k, value=v, effect=e) for (k, e), v in planned.items() if (k, e) not in live]
         if not out:
             if not live and not ctx.dry_run:
-                return ActionResult("skipped", f"the {action.key} taint was only planned (dry-run); nothing to undo")
+                return ActionResult(
+                    "skipped", f"the {action.key} taint was only planned (dry-run); nothing to undo"
+                )
             return ActionResult(
                 "skipped", f"{action.key} taint removed or changed by someone else since; left as it is"
             )

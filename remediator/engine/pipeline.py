@@ -256,7 +256,7 @@ class Reconciler:
             )
         return records
 
-    async def handle_alert(self, item: Observed) -> AlertPlan:  # noqa: PLR0911  one return per way out
+    async def handle_alert(self, item: Observed) -> AlertPlan:
         alert, node_name, rule = item.alert, item.node_name, item.rule
         label = self.settings.node_label
         resolved = alert.status == "resolved"

@@ -18,8 +18,8 @@ from remediator.policy import DISRUPTIVE, AddTaint, AwsSetUnhealthy, Rule
 from remediator.record import (
     CORDONED_AT,
     DRAIN_STATUS,
-    MANAGER,
     EPISODES,
+    MANAGER,
     TAINTS_ADDED,
     Episode,
     NodeRecord,

@@ -281,9 +281,9 @@ class KubernetesCluster:
         self.pdb_watches: dict[str, SharedWatch] = {}
         """The watch of every PodDisruptionBudget (key ""), while any drain runs."""
         self._primed: dict[str, tuple[float, list[dict[str, Any]], str]] = {}
-        self._started_here: dict[str, float] = {}
-        # node -> deadline of the drain whose start this process wrote (not "resumed"; the deadline
-        # to the fraction of a second, where the annotation keeps whole seconds)
+        self._started_here: dict[str, tuple[float, bool]] = {}
+        # node -> (deadline, resumed) of the drain `start_drain` just stamped or found running (the
+        # deadline to the fraction of a second, where the annotation keeps whole seconds)
         # LISTs just made for a plan: watch key -> (when, items, resourceVersion)
 
     # -- connecting ----------------------------------------------------------------------------
@@ -822,7 +822,9 @@ class KubernetesCluster:
             )
         except ApiError as exc:
             if exc.status != 404:
-                raise BackendUnavailable(f"Kubernetes API: delete ConfigMap {namespace}/{name}: {exc}") from exc
+                raise BackendUnavailable(
+                    f"Kubernetes API: delete ConfigMap {namespace}/{name}: {exc}"
+                ) from exc
 
     # -- cordon and taints ---------------------------------------------------------------------
 
@@ -862,7 +864,9 @@ class KubernetesCluster:
                 logger.info("uncordon %s: not cordoned by %s; left as it is", node, self.settings.manager)
                 return None
             drop: dict[str, str | None] = {CORDONED_BY: None, CORDONED_AT: None}
-            forget: dict[str, Any] = {"metadata": {"annotations": {**drop, **_record_annotation(record, obj)}}}
+            forget: dict[str, Any] = {
+                "metadata": {"annotations": {**drop, **_record_annotation(record, obj)}}
+            }
             if not obj.get("spec", {}).get("unschedulable"):
                 return forget  # a human un-cordoned it already
             if not manages_unschedulable(obj, self.settings.manager):
@@ -917,7 +921,8 @@ class KubernetesCluster:
             kept = [
                 t
                 for t in taints
-                if (t.get("key"), t.get("effect"), t.get("value", "")) != (taint.key, taint.effect, taint.value)
+                if (t.get("key"), t.get("effect"), t.get("value", ""))
+                != (taint.key, taint.effect, taint.value)
             ]
             annotations = {TAINTS_ADDED: json.dumps(left) if left else None}
             annotations |= _record_annotation(record, obj)
@@ -1139,11 +1144,11 @@ class KubernetesCluster:
         a drain of the node is already in progress) and apply `record`, in one write from the node as
         the watch saw it (a conflict reads it again)."""
 
-        deadline = self._clock() + settings.timeout_seconds
+        deadline, resumed = self._clock() + settings.timeout_seconds, False
 
         def change(obj: dict[str, Any]) -> dict[str, Any] | None:
-            nonlocal deadline
-            deadline, _, stamp = self._drain_window(obj, settings.timeout_seconds)
+            nonlocal deadline, resumed
+            deadline, resumed, stamp = self._drain_window(obj, settings.timeout_seconds)
             annotations: dict[str, str | None] = dict(stamp)
             patch: dict[str, Any] = {}
             if not obj.get("spec", {}).get("unschedulable"):
@@ -1153,7 +1158,7 @@ class KubernetesCluster:
             return {**patch, "metadata": {"annotations": annotations}} if annotations else None
 
         await self._modify_node(node, "start drain", change)
-        self._started_here[node] = deadline
+        self._started_here[node] = (deadline, resumed)
 
     async def drain(
         self,
@@ -1200,7 +1205,7 @@ class KubernetesCluster:
                 return outcome
             deadline, resumed, stamp = self._drain_window(obj, settings.timeout_seconds)
             if here is not None:
-                deadline, resumed = here, False
+                deadline, resumed = here
             await self._cordon_for_drain(node, obj, stamp, None)
             targets = [(p.namespace, p.name) for p in (*plan.evict, *plan.waiting_on_pdb)]
             known = {(p.namespace, p.name) for p in (*plan.evict, *plan.skip, *plan.blocked)}

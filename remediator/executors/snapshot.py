@@ -199,7 +199,9 @@ class SnapshotCluster:
             return
         left = sorted(t for t in owned if t != tid)
         forget: dict[str, str | None] = {TAINTS_ADDED: json.dumps(left) if left else None}
-        ours = [t for t in current.taints if (t.key, t.effect, t.value) == (taint.key, taint.effect, taint.value)]
+        ours = [
+            t for t in current.taints if (t.key, t.effect, t.value) == (taint.key, taint.effect, taint.value)
+        ]
         kept = tuple(t for t in current.taints if t not in ours)
         self._replace_node(node, taints=kept, annotations=self._annotations(node, forget, record))
 

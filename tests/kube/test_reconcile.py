@@ -514,5 +514,5 @@ async def test_a_follower_neither_shows_nor_changes_the_gates(
         body = await response.json()
         assert body["leader"] == "other-replica"
         assert "not the leader" in body["error"]
-    assert not engine.state.pause.paused  # nothing changed in its memory
+    assert not engine.gates.pause.paused  # nothing changed in its memory
     assert (await client.get("/readyz")).status == 503

@@ -124,7 +124,7 @@ class Loop:
             policy=self.policy,
             cluster=self.cluster,
             verifier=verifier,
-            firing=lambda node: self.engine.state.firing.causes(node),  # noqa: PLW0108  state is replaced on re-read
+            firing=self.engine.causes,
             publish=self.engine.publish,
         )
         self.engine.subscribe(lambda record: self.repair.poke() if wants_a_look(record) else None)

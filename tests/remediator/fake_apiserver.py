@@ -7,8 +7,9 @@ objects the way kube-apiserver does for the few resources the remediator touches
 - resourceVersion and uid on every object; a write (PUT, or a merge patch) that names an older
   resourceVersion is refused with 409 Conflict;
 - merge patches (RFC 7386) and strategic merge patches; in the latter, `status.conditions` merge by
-  `type`, as the Node schema's patchMergeKey says; the `status` subresource only changes status and
-  the main resource never does;
+  `type`, as the Node schema's patchMergeKey says; the `status` subresource changes status and
+  metadata (a Node's does, on kube-apiserver 1.20: tried) but never spec, and the main resource
+  never changes status;
 - `fieldSelector` on lists (`spec.nodeName=…`, `involvedObject.name=…`);
 - watches (`?watch=true`): from `resourceVersion` on (every change since, then each as it happens;
   from "" or "0": the current objects as ADDED first), narrowed by namespace and `fieldSelector`,
@@ -410,9 +411,10 @@ class FakeApiServer(KubernetesScaffold):
             new = merge_patch(current, body)
         else:
             new = strategic_merge_patch(current, body)
-        # The status subresource changes status only; the main resource never changes status.
+        # The status subresource changes status (and metadata), never spec; the main resource never
+        # changes status.
         if sub == "status":
-            new = {**current, "status": new.get("status", {})}
+            new = {**current, "metadata": new.get("metadata", {}), "status": new.get("status", {})}
         elif "status" in current or "status" in new:
             new["status"] = current.get("status", {})
         new["metadata"] = {

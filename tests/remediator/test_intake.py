@@ -191,9 +191,8 @@ async def test_uncordon_on_resolve_only_touches_nodes_this_service_cordoned(
     resolved["alerts"][0]["status"] = "resolved"
     await client.post("/alerts", json=resolved, headers=AUTH)
     assert service.cluster.mutations == [
-        "event gpu-node-1 Warning AccelFaultDetected",
         "cordon gpu-node-1",
-        "event gpu-node-1 Normal AccelCordoned",
+        "event gpu-node-1 Warning AccelFaultDetected",  # the fault seen, and the cordon done for it
         "uncordon gpu-node-1",
         "event gpu-node-1 Normal AccelUncordoned",
     ]
@@ -297,8 +296,9 @@ async def test_pause_and_resume_over_http_hold_and_release_every_action(
     assert (await (await client.post("/resume", headers=AUTH)).json())["changed"] is True
     await client.post("/alerts", json=payload("gpu-fatal-xid"), headers=AUTH)
     assert "cordon gpu-node-1" in live_service.cluster.mutations
-    assert live_service.cluster.gate_state is not None
-    assert '"paused": false' in live_service.cluster.gate_state
+    assert live_service.cluster.gates is not None  # the switch, kept in the cluster
+    assert '"paused": false' in live_service.cluster.gates
+    assert live_service.cluster.gates_saves == 2  # written when it changed, and only then
 
 
 async def test_state_shows_the_gates_and_needs_credentials(

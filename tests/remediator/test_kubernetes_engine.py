@@ -1,13 +1,15 @@
 """The decision engine over the real Kubernetes executor, counted at the HTTP level.
 
-Dry-run makes the same decisions as a live run and not one mutating request; the gate state lives in
-a ConfigMap, so a restarted service (a second engine over a new client) resumes the budget and the
-idempotency keys; a ConfigMap holding garbage starts the service paused instead of with an empty
-budget.
+Dry-run makes the same decisions as a live run and not one mutating request; what the service must
+remember lives on the node it acted on (its record, written with each action), so a restarted
+service (a second engine over a new client) derives the budget and the idempotency from the node and
+writes no other object; a gates ConfigMap holding garbage starts the service paused instead of with
+the gates open.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,9 +19,10 @@ from kubernetes.aio import client as k8s
 
 from remediator.app import create_app
 from remediator.engine import Engine, EngineSettings
-from remediator.executors.kubernetes import STATE_KEY, KubernetesCluster, KubernetesSettings
+from remediator.executors.kubernetes import GATES_KEY, KubernetesCluster, KubernetesSettings
 from remediator.executors.snapshot import RecordingAws
 from remediator.policy import load_policy
+from remediator.record import EPISODES
 from tests.remediator.conftest import AUTH, TOKEN, AiohttpClient, payload
 from tests.remediator.fake_apiserver import FakeApiServer, node, pod, serve
 
@@ -109,26 +112,31 @@ async def test_dry_run_decides_like_a_live_run_and_sends_no_mutating_request(
     assert ("gpu-node-1", "cordon", "done") in live_records
 
 
-async def test_the_gate_state_survives_a_restart_through_its_configmap(
+async def test_what_it_must_remember_survives_a_restart_on_the_node_it_acted_on(
     api_url: tuple[FakeApiServer, str], aiohttp_client: AiohttpClient
 ) -> None:
     api, url = api_url
     first = await run_delivery(url, aiohttp_client, dry_run=False)
-    assert first.state.budget.in_use == 1
-    stored = api.stored("configmaps", "accel-health-remediator-state", "accel-health")
+    assert first.budget.in_use == 1
+    assert api.stored("configmaps", "accel-health-remediator-gates", "accel-health") is None
+    assert not [r for r in mutating(api) if "/configmaps" in r[1]]  # nothing but nodes and Events
+    stored = api.stored("nodes", "gpu-node-1")
     assert stored is not None
-    assert STATE_KEY in stored["data"]
-    cordons = [r for r in mutating(api) if r[0] == "PATCH" and r[1].endswith("/nodes/gpu-node-1")]
+    record = json.loads(stored["metadata"]["annotations"][EPISODES])
+    [(fingerprint, (rule, alertname, _start, steps))] = record["e"].items()
+    assert (rule, alertname, steps) == ("drain", "AccelGPUFatalXid", 0b111)  # condition, cordon, drain
+    cordons = [r for r in mutating(api) if r[0] == "PATCH" and "/nodes/gpu-node-1" in r[1]]
 
     # A new replica (new client, new engine) takes over and gets the same delivery again.
     second = await run_delivery(url, aiohttp_client, dry_run=False)
-    assert second.state.budget.in_use == 1
-    again = [r for r in mutating(api) if r[0] == "PATCH" and r[1].endswith("/nodes/gpu-node-1")]
-    assert again == cordons  # nothing done twice
+    assert second.budget.in_use == 1
+    again = [r for r in mutating(api) if r[0] == "PATCH" and "/nodes/gpu-node-1" in r[1]]
+    assert again == cordons  # nothing done twice, nothing written again
     assert all(outcome != "done" for _, _, outcome in decisions(second))
+    assert fingerprint == payload("gpu-fatal-xid")["alerts"][0]["fingerprint"]
 
 
-async def test_a_configmap_holding_garbage_starts_the_service_paused(
+async def test_a_gates_configmap_holding_garbage_starts_the_service_paused(
     api_url: tuple[FakeApiServer, str], aiohttp_client: AiohttpClient
 ) -> None:
     api, url = api_url
@@ -136,12 +144,13 @@ async def test_a_configmap_holding_garbage_starts_the_service_paused(
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": {"name": "accel-health-remediator-state", "namespace": "accel-health"},
-            "data": {STATE_KEY: "{not json"},
+            "metadata": {"name": "accel-health-remediator-gates", "namespace": "accel-health"},
+            "data": {GATES_KEY: "{not json"},
         }
     )
     engine = await run_delivery(url, aiohttp_client, dry_run=False)
-    assert engine.state.pause.paused
+    assert engine.gates.pause.paused
+    assert "stored gate state unusable" in engine.gates.pause.reason
     assert [r for r in mutating(api) if "/nodes/" in r[1]] == []
     assert {outcome for _, _, outcome in decisions(engine)} <= {"deferred", "skipped"}
 

@@ -20,18 +20,10 @@ from kubernetes.aio import client as k8s
 from remediator.app import create_app
 from remediator.cluster import BackendUnavailable, DrainSettings, EvictionResult, NodeCondition, Taint
 from remediator.engine import Engine, EngineSettings
-from remediator.executors.kubernetes import (
-    CORDONED_BY,
-    DRAIN_BLOCKED,
-    DRAIN_DEADLINE,
-    DRAIN_STATUS,
-    TAINTS_ADDED,
-    KubernetesCluster,
-    KubernetesSettings,
-    NotLeader,
-)
+from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings, NotLeader
 from remediator.executors.snapshot import RecordingAws
 from remediator.policy import load_policy
+from remediator.record import CORDONED_BY, DRAIN_BLOCKED, DRAIN_DEADLINE, DRAIN_STATUS, TAINTS_ADDED
 from tests.remediator.conftest import AUTH, TOKEN, AiohttpClient, payload
 from tests.remediator.fake_apiserver import FakeApiServer, node, pdb, pod, serve, status_error
 

@@ -24,10 +24,11 @@ from remediator import cli
 from remediator.app import create_app
 from remediator.cluster import DrainSettings
 from remediator.engine import Engine, EngineSettings
-from remediator.executors.kubernetes import DRAIN_DEADLINE, KubernetesCluster, NotLeader
+from remediator.executors.kubernetes import KubernetesCluster, NotLeader
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster
 from remediator.leader import LeaderElector, LeaderSettings, install
 from remediator.policy import load_policy
+from remediator.record import DRAIN_DEADLINE
 from tests.remediator.conftest import AUTH, TOKEN, AiohttpClient, payload
 from tests.remediator.fake_apiserver import FakeApiServer, node, pdb, pod, serve
 

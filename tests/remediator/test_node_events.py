@@ -1,6 +1,7 @@
-"""Events on the node: with the default policy every node action done for real leaves a core/v1 Event
-that `kubectl describe node` lists (fault seen, condition set, cordoned, drain started, drain finished
-or blocked and by what, instance marked for replacement), reported by accel-health-remediator.
+"""Events on the node: with the default policy every node action done for real leaves one core/v1
+Event that `kubectl describe node` lists (the fault seen, with the first action done for it; cordoned,
+drain started, drain finished or blocked and by what, instance marked for replacement), reported by
+accel-health-remediator.
 
 Over the engine and the Kubernetes executor against the HTTP-level fake API server. The policy's
 `events` setting narrows them to failures or turns them off; a dry-run writes none and its decision
@@ -77,8 +78,7 @@ async def test_with_the_default_policy_every_node_action_leaves_an_event_on_the_
     await run(cluster, DEFAULT_POLICY, replace_alert())
     written = events(api)
     assert [(e["type"], e["reason"]) for e in written] == [
-        ("Warning", "AccelFaultDetected"),
-        ("Normal", "AccelConditionSet"),
+        ("Warning", "AccelFaultDetected"),  # with the condition set for it: one Event per action
         ("Normal", "AccelCordoned"),
         ("Normal", "AccelDrainStarted"),
         ("Normal", "AccelDrainFinished"),
@@ -92,7 +92,7 @@ async def test_with_the_default_policy_every_node_action_leaves_an_event_on_the_
         assert "AccelGPUFatalXid" in event["message"]
     by_reason = {e["reason"]: e["message"] for e in written}
     assert "GPU 4 on gpu-node-1 reported fatal Xid 79" in by_reason["AccelFaultDetected"]
-    assert "AcceleratorHealthy=False" in by_reason["AccelConditionSet"]
+    assert "AcceleratorHealthy=False" in by_reason["AccelFaultDetected"]
     assert "training/worker-0" in by_reason["AccelDrainStarted"]
     assert "1 evicted" in by_reason["AccelDrainFinished"]
     assert INSTANCE in by_reason["AccelInstanceMarkedUnhealthy"]
@@ -147,7 +147,6 @@ async def test_a_dry_run_writes_no_event_and_its_records_list_the_events_a_live_
     listed = [(e["type"], e["reason"]) for r in engine.log.records() for e in r.details.get("events", [])]
     assert listed == [
         ("Warning", "AccelFaultDetected"),
-        ("Normal", "AccelConditionSet"),
         ("Normal", "AccelCordoned"),
         ("Normal", "AccelDrainStarted"),
         ("Normal", "AccelInstanceMarkedUnhealthy"),
@@ -166,7 +165,7 @@ async def test_an_event_the_api_refuses_is_logged_and_undoes_nothing(
     engine = await run(cluster, "rules: [{name: c, actions: [cordon]}]", alert_body())
     assert [(r.action, r.outcome) for r in engine.log.records()] == [("cordon", "done")]
     assert api.stored("nodes", NODE)["spec"]["unschedulable"] is True  # type: ignore[index]  # exists
-    assert "Event AccelCordoned not written" in caplog.text
+    assert "Event AccelFaultDetected not written" in caplog.text  # the fault seen, and the cordon
 
 
 def test_an_unknown_events_setting_is_a_policy_error() -> None:

@@ -19,6 +19,7 @@ from remediator.cluster import Node, NodeCondition
 from remediator.desired import Cause
 from remediator.executors.snapshot import SnapshotCluster
 from remediator.policy import AwsReboot, parse_policy
+from remediator.record import CORDONED_BY, MANAGER
 from remediator.repair import (
     HISTORY,
     QUARANTINE,
@@ -61,7 +62,7 @@ def out_node(name: str = "gpu-1", *, boot: str = "boot-a", annotations: dict[str
         unschedulable=True,
         conditions=(NodeCondition("AcceleratorHealthy", "False", "AccelGPUFellOffBus"),),
         accelerators=("nvidia.com/gpu",),
-        annotations=annotations or {},
+        annotations={CORDONED_BY: MANAGER, **(annotations or {})},  # cordoned by this service
         boot_id=boot,
         uid="uid-1",
     )
