@@ -57,6 +57,9 @@ MUTATING = frozenset(
         "label_node",
         "drain",
         "save_gate_state",
+        "set_startup_taint",
+        "save_quarantine",
+        "delete_quarantine",
     }
 )
 
@@ -149,6 +152,37 @@ class CountingCluster:
     async def save_gate_state(self, document: Mapping[str, Any]) -> None:
         self.calls["save_gate_state"] += 1
         await self.inner.save_gate_state(document)
+
+    def observed_nodes(self) -> list[Node] | None:
+        self.calls["observed_nodes"] += 1
+        return self.inner.observed_nodes()
+
+    async def set_startup_taint(
+        self,
+        node: str,
+        *,
+        uid: str,
+        taint: Taint,
+        present: bool,
+        annotations: Mapping[str, str | None],
+        labels: Mapping[str, str | None],
+    ) -> bool:
+        self.calls["set_startup_taint"] += 1
+        return await self.inner.set_startup_taint(
+            node, uid=uid, taint=taint, present=present, annotations=annotations, labels=labels
+        )
+
+    async def load_quarantines(self) -> Mapping[str, Mapping[str, Any]]:
+        self.calls["load_quarantines"] += 1
+        return await self.inner.load_quarantines()
+
+    async def save_quarantine(self, node: str, document: Mapping[str, Any]) -> None:
+        self.calls["save_quarantine"] += 1
+        await self.inner.save_quarantine(node, document)
+
+    async def delete_quarantine(self, node: str) -> None:
+        self.calls["delete_quarantine"] += 1
+        await self.inner.delete_quarantine(node)
 
 
 class Service:
