@@ -4,11 +4,17 @@ A node is *quarantined* while a condition this service writes (`AcceleratorHealt
 `condition` action of the policy) is False. For each such node, one pass of `RepairLoop.reconcile`:
 
 1. records the quarantine once, in the node annotation `accel-health.io/quarantine` (the boot id,
-   object uid and provider id it had, the alerts and rules that took it out, when), and appends the
-   time to `accel-health.io/quarantine-history` (kept for `repair.window_seconds`);
-2. escalates a repeat offender: the `repair.escalate_after`-th quarantine within the window labels
-   the node for a human (`repair.escalation_label`=true), writes a Warning Event, counts it, and the
-   node is never returned automatically (removing the label hands it back to the loop);
+   object uid and provider id it had, the alerts and rules that took it out, when; see
+   `quarantine_annotations`, which the write that sets the condition may use instead), appends the
+   time to `accel-health.io/quarantine-history` (kept for `repair.window_seconds`), and saves a
+   durable copy of both where deleting the Node object does not take it (`DurableQuarantine`: one
+   ConfigMap of at most 1 KiB per quarantined node in the remediator's namespace, keyed by node
+   name; created once, written again only when its history or escalation changes, deleted when the
+   node is returned or handed back);
+2. escalates a repeat offender: the `repair.escalate_after`-th quarantine of the name within the
+   window labels the node for a human (`repair.escalation_label`=true), writes a Warning Event,
+   counts it, and the node is never returned automatically (removing the label hands it back to
+   the loop);
 3. recognises a repair: the node booted again (`status.nodeInfo.bootID` changed), or it is another
    machine under the same name (new `metadata.uid` or `spec.providerID`), AND no alert that holds a
    node (the desired state: faults firing now) names it any more (since-boot counters restart at 0);
@@ -16,16 +22,33 @@ A node is *quarantined* while a condition this service writes (`AcceleratorHealt
    `repair.checks`: the cheap ones by default) through the node's exporter (`GET /checks`);
 5. on success sets the condition back to True (reason `RepairVerified`), removes the cordon and the
    taints this service made (only if nobody changed them since: the executor checks its annotations
-   and managedFields, so a human's re-cordon stays), forgets the quarantine, and records a decision
-   and an Event (`AccelReturnedToPool`); on a failed check it keeps the node out, records the failing
-   check in `accel-health.io/repair-failed` (one verification per boot), writes a Warning Event
-   (`AccelRepairCheckFailed`) and exports `accel_remediator_repair_check_failed{node,check}` = 1,
-   which the `AccelNodeRepairCheckFailed` alert turns into a page. A node whose exporter does not
-   answer yet (still booting) is tried again on the next pass.
+   and managedFields, so a human's re-cordon stays) and the startup taint, forgets the quarantine
+   (annotation and durable copy), and records a decision and an Event (`AccelReturnedToPool`); on a
+   failed check it keeps the node out, records the failing check in `accel-health.io/repair-failed`
+   (one verification per boot), writes a Warning Event (`AccelRepairCheckFailed`) and exports
+   `accel_remediator_repair_check_failed{node,check}` = 1, which the `AccelNodeRepairCheckFailed`
+   alert turns into a page. A node whose exporter does not answer yet (still booting) is tried again
+   on the next pass.
 
-A condition set back to True by someone else ends the quarantine without the loop touching the node.
-The loop runs on the leader only, every `repair.interval_seconds` and after every delivery that
-acted; in dry-run it records what it would do and changes nothing.
+A machine replaced under the same name (a cloud repair) registers as a new Node object: new uid, no
+annotations, no cordon, no condition. The loop knows the name from the durable copy: in one write
+the new object gets the startup taint `accel-health.io/unverified:NoSchedule` (unless it registered
+with it: the node-pool examples in examples/node-pools/ make every node register with it, so it
+takes no work even before the loop sees it), the old object's record (so the repair is seen: "a new
+node object under the same name") and history (so escalation counts across objects), and the
+escalation label when the quarantine was escalated; an Event `AccelUnverifiedNodeHeld` says so. It
+is then verified like any repair; it passes: the startup taint is lifted and the quarantine
+forgotten; it fails: it stays tainted. A node that registers with the startup taint under a name
+with no quarantine recorded is new and nothing says it was bad: its taint is lifted at once (or,
+with `repair.verify_new_nodes: true`, once `repair.checks` pass on it). Without a running
+enforcing remediator (repair disabled, dry-run) nobody lifts the startup taint.
+
+A condition set back to True by someone else ends the quarantine without the loop touching the node
+(only its record goes), and so does removing the startup taint of a held replacement. A name that no
+node has had for a whole window (scaled in, replaced under another name) is forgotten. The loop runs
+on the leader only, every `repair.interval_seconds` and after every delivery that acted, reading the
+durable copies once per leadership; in dry-run it records what it would do and changes nothing.
+`accel_remediator_quarantined_nodes` is computed at scrape time from the cluster's node cache.
 
 `reboot_step` and `karpenter_managed` are the AWS side (pure): whether an `aws_reboot` reboots, waits
 for the reboot it asked for, or escalates to a replacement because the fault came back after it.
