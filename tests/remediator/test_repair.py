@@ -6,6 +6,14 @@ and changes nothing; a node that has not answered its checks yet is tried again,
 quarantine leaves the window and does not count towards escalation; a condition set back by someone
 else ends the quarantine untouched; a rule's `verify` picks the checks; `reboot_step` reboots, waits
 for the reboot it asked for, asks again when it never happened, and escalates a fault that comes back.
+
+A quarantine outlives the Node object: `quarantine_annotations` (the record the condition's write may
+carry); the durable copy written once, bounded to 1 KiB, read by a new leader, deleted on return,
+hand-back, or a window after its name disappeared; a replacement under the quarantined name held with
+the startup taint (one write) until its checks pass; escalation counted across Node objects, also
+when the replacement was quarantined before the loop saw it, and inherited until a human removes the
+label; a new node's startup taint lifted at once or (`verify_new_nodes`) after its checks; a dry-run
+writes nothing; the quarantined gauge computed at scrape time.
 """
 
 from __future__ import annotations
