@@ -92,7 +92,7 @@ KARPENTER_LABELS = ("karpenter.sh/nodepool", "karpenter.sh/provisioner-name", "e
 """Labels of nodes that Karpenter or EKS Auto Mode provisions (no Auto Scaling group replaces them)."""
 REBOOT_PATIENCE_SECONDS = 900.0
 """A reboot asked for that has not happened (same boot id) after this long is asked for again."""
-STARTUP_TAINT = Taint(key=PREFIX + "unverified", value="", effect="NoSchedule")
+STARTUP_TAINT = Taint(key=PREFIX + "unverified", value="true", effect="NoSchedule")
 """The startup taint the shipped node-pool examples register nodes with (examples/node-pools/): the
 node takes no work until this loop lifts it, at once for a new name, after verification for a name
 that has a quarantine recorded."""

@@ -12,7 +12,9 @@ no Auto Scaling call; a fault that returns after the reboot escalates to a repla
 A quarantine outlives the Node object, with the remediator's ServiceAccount bound to deploy/'s RBAC
 as shipped: a quarantined node whose Node object is deleted and registered again under its name
 (a new uid, nothing of the old object) is held with the startup taint, so a pod pinned to it stays
-pending, until its checks pass; then it is returned and the pod runs. The third quarantine of a name
+pending, until its checks pass; then it is returned and the pod runs. A new node that registered
+with the startup taint of the Karpenter example, under a name with no quarantine, is admitted at
+once. The third quarantine of a name
 within the window escalates even though each came on another Node object. The quarantined gauge
 reads the node cache at scrape time. The durable copies (ConfigMaps, hashed names for long node
 names) are saved, replaced, read and deleted with no request refused.
@@ -378,7 +380,7 @@ async def test_a_fault_that_returns_after_the_reboot_escalates_to_a_replacement(
 
 REPO = Path(__file__).resolve().parents[2]
 REMEDIATOR = "accel-health-remediator"
-STARTUP = {"key": STARTUP_TAINT.key, "effect": STARTUP_TAINT.effect}
+STARTUP = {"key": STARTUP_TAINT.key, "value": STARTUP_TAINT.value, "effect": STARTUP_TAINT.effect}
 
 
 @pytest.fixture(scope="module")
@@ -487,6 +489,28 @@ async def test_a_node_recreated_under_its_quarantined_name_takes_no_pods_until_i
     kubelet.sync()
     assert bound_node(plane, "q-new-trainer") == "q-new"  # verified: it takes work again
     assert forbidden(plane) == []  # the shipped RBAC allows every request made
+
+
+async def test_a_new_node_registered_with_the_examples_startup_taint_takes_work_once_the_loop_lifts_it(
+    plane: ControlPlane, kubelet: FakeKubelet, shipped_rbac: str
+) -> None:
+    example = yaml.safe_load((REPO / "examples/node-pools/karpenter-nodepool.yaml").read_text())
+    (taint,) = example["spec"]["template"]["spec"]["startupTaints"]
+    kubelet.add_node("q-fresh", labels={"pool": "gpu"}, capacity={"nvidia.com/gpu": "8"}, taints=[taint])
+    pinned_pod(plane, "q-fresh-trainer", "q-fresh")
+    kubelet.sync()
+    assert bound_node(plane, "q-fresh-trainer") == ""
+    loop = Loop(plane, "http://127.0.0.1:9/checks", token=shipped_rbac)  # no checks: none are asked
+    try:
+        await loop.repair.reconcile()
+    finally:
+        await loop.cluster.close()
+    assert not startup_tainted(plane, "q-fresh")
+    assert loop.actions("q-fresh") == [("admit", "done")]
+    assert stored_quarantine(plane, "q-fresh") is None
+    kubelet.sync()
+    assert bound_node(plane, "q-fresh-trainer") == "q-fresh"
+    assert forbidden(plane) == []
 
 
 async def test_escalation_counts_the_quarantines_of_a_name_across_recreated_node_objects(
