@@ -102,6 +102,10 @@ DURABLE_MAX_BYTES = 1024
 """The durable copy of a quarantine, as stored, is at most this long."""
 RECORD_FIELDS = ("since", "bootID", "uid", "providerID", "alerts", "rules")
 """The fields of the `QUARANTINE` record."""
+FIELD_LIMIT = 96
+"""Longest string a durable copy keeps of a record's field when nothing else makes it fit."""
+NAME_LIMIT = 253
+"""Longest node name (a DNS subdomain)."""
 
 
 # -- verification ----------------------------------------------------------------------------------
@@ -322,13 +326,15 @@ class DurableQuarantine:
         return (record.get("since"), record.get("uid")) == (self.record.get("since"), self.record.get("uid"))
 
     def document(self) -> dict[str, Any]:
-        """The stored form: JSON of at most `DURABLE_MAX_BYTES` (extra alert names, then the oldest
-        times, then the provider id are left out until it fits)."""
+        """The stored form: JSON of at most `DURABLE_MAX_BYTES`. Extra alert names, then the oldest
+        times, then the provider id are left out until it fits; as a last resort (names far longer
+        than Kubernetes makes them) only the newest time, the first rule and the uid, boot id and
+        alert, cut to `FIELD_LIMIT` characters, are kept, or only when it was."""
         record = {k: self.record[k] for k in RECORD_FIELDS if k in self.record}
         history = list(self.history)
         while True:
             doc = {"node": self.node, "record": record, "history": history, "escalated": self.escalated}
-            if len(json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()) <= DURABLE_MAX_BYTES:
+            if _json_size(doc) <= DURABLE_MAX_BYTES:
                 return doc
             alerts = list(record.get("alerts") or [])
             if len(alerts) > 1:
@@ -338,9 +344,21 @@ class DurableQuarantine:
             elif record.get("providerID"):
                 record = {**record, "providerID": ""}
             else:
-                record = {**record, "alerts": [], "rules": list(record.get("rules") or [])[:1]}
-                if len(json.dumps(record).encode()) + len(self.node) > DURABLE_MAX_BYTES:
-                    raise ValueError(f"the quarantine record of {self.node} cannot be kept under 1 KiB")
+                break
+        cut = {k: str(record.get(k) or "")[:FIELD_LIMIT] for k in ("uid", "bootID")}
+        first = {
+            k: [str(v)[:FIELD_LIMIT] for v in list(record.get(k) or [])[:1]] for k in ("alerts", "rules")
+        }
+        record = {"since": _float(record.get("since")), "providerID": "", **cut, **first}
+        doc = {
+            "node": self.node[:NAME_LIMIT],
+            "record": record,
+            "history": history[-1:],
+            "escalated": self.escalated,
+        }
+        if _json_size(doc) > DURABLE_MAX_BYTES:  # characters JSON escapes take six bytes each
+            doc["record"] = {"since": record["since"], "uid": "", "bootID": "", "alerts": [], "rules": []}
+        return doc
 
     @classmethod
     def from_document(cls, node: str, doc: Mapping[str, Any]) -> DurableQuarantine | None:
@@ -995,6 +1013,10 @@ def _times(raw: str | None) -> list[float]:
     except ValueError:
         return []
     return [float(t) for t in doc if isinstance(t, int | float)] if isinstance(doc, list) else []
+
+
+def _json_size(doc: Mapping[str, Any]) -> int:
+    return len(json.dumps(doc, separators=(",", ":"), sort_keys=True).encode())
 
 
 def _float(value: Any) -> float:

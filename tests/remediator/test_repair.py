@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from remediator.audit import DecisionRecord
@@ -344,7 +345,22 @@ async def test_the_durable_copy_stays_within_1_kib_with_a_full_history_and_long_
     assert DurableQuarantine.from_document(copy.node, doc) is not None
 
 
-async def test_a_node_recreated_under_a_quarantined_name_is_held_with_the_startup_taint_until_verified() -> (
+@pytest.mark.parametrize("text", ["r" * 2000, "\u00fc" * 2000])
+def test_even_absurdly_long_names_leave_the_durable_copy_within_1_kib(text: str) -> None:
+    record = {
+        "since": 1.0,
+        "uid": text,
+        "bootID": text,
+        "providerID": text,
+        "alerts": [text],
+        "rules": [text],
+    }
+    doc = DurableQuarantine(node="n" * 253, record=record, history=(1.0, 2.0)).document()
+    assert len(json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()) <= DURABLE_MAX_BYTES
+    assert doc["history"] == [2.0]
+
+
+async def test_a_recreated_node_under_a_quarantined_name_is_held_by_the_startup_taint_until_verified() -> (
     None
 ):
     clock = FakeClock(10_000.0)
