@@ -341,6 +341,43 @@ class Cluster(Protocol):
         """All PodDisruptionBudgets."""
         ...
 
+    def observed_nodes(self) -> list[Node] | None:
+        """Every node as the backend observes it now, without a request (a watch cache, the snapshot);
+        None when it has no such view yet. For what is computed at scrape time (the repair loop's
+        gauges), never for a decision."""
+        ...
+
+    async def set_startup_taint(
+        self,
+        node: str,
+        *,
+        uid: str,
+        taint: Taint,
+        present: bool,
+        annotations: Mapping[str, str | None],
+        labels: Mapping[str, str | None],
+    ) -> bool:
+        """In one write on the node object with this `uid` (none when it has another: it was replaced
+        again): add (`present`) or remove every taint with `taint.key`, whoever put it there (the
+        kubelet's --register-with-taints, Karpenter's startupTaints, this service), and set (None:
+        remove) annotations and labels of this service. False when no node with this uid exists."""
+        ...
+
+    async def load_quarantines(self) -> Mapping[str, Mapping[str, Any]]:
+        """Node name -> the durable copy of its quarantine (remediator/repair.py), kept apart from the
+        Node object so that a node deleted and created again under the same name is still known
+        as quarantined. Every copy this service saved and has not deleted."""
+        ...
+
+    async def save_quarantine(self, node: str, document: Mapping[str, Any]) -> None:
+        """Store (create, or replace) the durable copy of the node's quarantine: a JSON-serialisable
+        document of at most 1 KiB. A mutating call: never made in dry-run."""
+        ...
+
+    async def delete_quarantine(self, node: str) -> None:
+        """Forget the durable copy of the node's quarantine (no-op when there is none)."""
+        ...
+
     # Every write below takes `record`: a change to the node's record (remediator/record.py) made in
     # the same request as the write, computed from the node as it is just before the write.
 

@@ -8,6 +8,7 @@
       escalation_label: accel-health.io/needs-human
       check_timeout_seconds: 120
       interval_seconds: 15
+      verify_new_nodes: false           # a new node registered with the startup taint: checks first?
     rules:
       - name: drain
         verify: [pciebw, remapped]      # per rule: the checks after a repair of this rule's faults
@@ -25,6 +26,9 @@ CHECK_NAMES = ("pciebw", "gpumem", "remapped", "power", "dcgm")
 """The exporter's active checks (exporter/checks/catalog.py), by the names GET /checks takes."""
 DEFAULT_CHECKS = ("remapped", "power")
 """Cheap: they read NVML and load no GPU (seconds, not minutes)."""
+MAX_ESCALATE_AFTER = 32
+"""The most quarantines `escalate_after` may count: the stored history (node annotation and the
+durable copy, each kept under 1 KiB) holds at most this many times."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,11 @@ class RepairSettings:
     """How long the node's exporter may take to answer the checks, seconds."""
     interval_seconds: float = 15.0
     """How often the loop looks at the quarantined nodes, seconds (also after every delivery)."""
+    verify_new_nodes: bool = False
+    """A node that registers with the startup taint (`accel-health.io/unverified`) under a name with
+    no quarantine recorded: false (default) removes the taint at once (nothing says it was bad);
+    true runs `checks` on it first and keeps it tainted while they fail. A node under a quarantined
+    name is always verified."""
 
 
 _FIELDS = (
@@ -56,6 +65,7 @@ _FIELDS = (
     "escalation_label",
     "check_timeout_seconds",
     "interval_seconds",
+    "verify_new_nodes",
 )
 
 
@@ -82,7 +92,7 @@ def parse_repair(raw: Any, problems: list[str]) -> RepairSettings:  # noqa: PLR0
     kwargs: dict[str, Any] = {}
     for key, value in raw.items():
         name = f"repair.{key}"
-        if key == "enabled":
+        if key in ("enabled", "verify_new_nodes"):
             if not isinstance(value, bool):
                 problems.append(f"{name}: expected true or false, got {value!r}")
             kwargs[key] = value
@@ -91,6 +101,10 @@ def parse_repair(raw: Any, problems: list[str]) -> RepairSettings:  # noqa: PLR0
         elif key == "escalate_after":
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 problems.append(f"{name}: expected an integer of at least 1, got {value!r}")
+            elif value > MAX_ESCALATE_AFTER:
+                problems.append(
+                    f"{name}: at most {MAX_ESCALATE_AFTER} (the stored history keeps that many), got {value}"
+                )
             kwargs[key] = value
         elif key in ("window_seconds", "check_timeout_seconds", "interval_seconds"):
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:

@@ -13,7 +13,7 @@ from aiohttp import web
 from remediator.app import ENGINE, METRICS
 from remediator.audit import DecisionRecord
 from remediator.cluster import Cluster
-from remediator.repair import RepairCollector, RepairLoop, Verifier
+from remediator.repair import OWN_ACTIONS, RepairCollector, RepairLoop, Verifier
 
 REPAIR = web.AppKey("repair", RepairLoop)
 TAKES_OUT = frozenset({"condition", "cordon", "taint", "drain"})
@@ -22,7 +22,7 @@ TAKES_OUT = frozenset({"condition", "cordon", "taint", "drain"})
 def wants_a_look(record: DecisionRecord) -> bool:
     """A decision after which the loop looks again at once: a node was taken out (its quarantine is
     recorded with the boot id it has now), or an alert resolved (a repaired node may be returnable)."""
-    if record.action in ("return_to_pool", "quarantine", "escalate", "verify"):
+    if record.action in OWN_ACTIONS:
         return False  # the loop's own decisions
     return record.status == "resolved" or (record.outcome == "done" and record.action in TAKES_OUT)
 

@@ -18,13 +18,14 @@ from remediator.engine.events import EventRecorder
 from remediator.engine.gates import Gates, LatchStore
 from remediator.engine.migrate import migrate_legacy_state
 from remediator.engine.model import AlertPlan, EngineSettings, GateStatus, Observed, PendingAction
-from remediator.engine.node_actions import NodeActuator, Quarantine
+from remediator.engine.node_actions import NodeActuator
 from remediator.engine.pipeline import Decided, Decisions, Key, Reconciler
 from remediator.engine.records import NodeView, taint_values
 from remediator.engine.stored import made_up_payload, resolved_alert
 from remediator.payload import Alert, WebhookPayload
 from remediator.policy import Drain, Policy, Selection
 from remediator.record import DRAIN_STATUS, Episode, starts_at_text
+from remediator.repair import QUARANTINE, quarantine_annotations
 from remediator.safety import DisruptionBudget
 
 logger = logging.getLogger("remediator.decisions")
@@ -38,8 +39,8 @@ poller keeps reading; until one answers, the nodes' records and the webhook are 
 class Engine:
     """Turns webhook deliveries into decisions and actions. One per service; not thread-safe.
 
-    Handed its collaborators (the cluster and AWS seams, the clock, optionally a decision log and the
-    repair loop's quarantine record), it builds its parts, each with a small interface of its own:
+    Handed its collaborators (the cluster and AWS seams, the clock, optionally a decision log), it
+    builds its parts, each with a small interface of its own:
     `NodeView` (the nodes and this service's records on them), `Gates` (+ `LatchStore`),
     `EventRecorder`, `NodeActuator`, `AwsActuator`, `DrainRunner` and the `Reconciler` that decides
     one alert's actions through them.
@@ -54,7 +55,6 @@ class Engine:
         settings: EngineSettings,
         clock: Callable[[], float],
         log: DecisionLog | None = None,
-        quarantine: Quarantine | None = None,
     ) -> None:
         self.policy = policy
         self.settings = settings
@@ -86,7 +86,7 @@ class Engine:
             draining=self.drains.draining,
             taint_values=values,
             clock=clock,
-            quarantine=quarantine,
+            quarantine=self._quarantine if policy.repair.enabled else None,
         )
         self.reconciler = Reconciler(
             policy=policy,
@@ -140,6 +140,19 @@ class Engine:
     def causes(self, node: str) -> list[Cause]:
         """The alerts firing now on `node` (the repair loop waits until none holds it)."""
         return self.firing.causes(node)
+
+    def _quarantine(self, node: Node, ctx: Any) -> dict[str, str]:
+        """The repair loop's record of a quarantine starting now (remediator/repair.py), carried by
+        the write that sets the condition False: the loop then finds it and writes nothing on the node."""
+        if QUARANTINE in node.annotations:
+            return {}
+        return quarantine_annotations(
+            node,
+            causes=self.firing.causes(node.name),
+            now=self._clock(),
+            window_seconds=self.policy.repair.window_seconds,
+            reason=ctx.alert.labels.get("alertname", ""),
+        )
 
     # -- leadership and the rebuild ----------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -76,6 +77,7 @@ from remediator.record import (
     DRAIN_STARTED,
     DRAIN_STATUS,
     MANAGER,
+    PREFIX,
     TAINTS_ADDED,
     RecordChange,
     owned_taints,
@@ -458,14 +460,15 @@ class KubernetesCluster:
         current: dict[str, Any] | None = None,
         status: bool = False,
         ctype: str = MERGE_PATCH,
-    ) -> bool:
+    ) -> dict[str, Any] | None:
         """Read-modify-write with the resourceVersion as precondition; retried on 409 Conflict.
 
         `change` gets the node and returns a patch (without resourceVersion), or None when nothing
         needs to change. The first attempt starts from `current` or, when not given, from the node
         as the watch last saw it (no GET: a write costs one request); a conflict (the cache was
         behind, or another writer was there) reads the node from the API and decides again.
-        `status` writes to the status subresource (conditions). Returns whether a patch was written.
+        `status` writes to the status subresource (conditions). Returns the node as written, or None
+        when nothing was written.
         """
         self._ensure_leader(what)
         if current is None and self.nodes.synced:
@@ -475,23 +478,23 @@ class KubernetesCluster:
                 current = await self._read_node_object(name)
             if current is None:
                 logger.warning("%s: node %s not found; nothing to do", what, name)
-                return False
+                return None
             patch = change(current)
             if patch is None:
-                return False
+                return None
             rv = current.get("metadata", {}).get("resourceVersion")
             patch.setdefault("metadata", {})["resourceVersion"] = rv
             try:
-                await self._patch_node(name, patch, status=status, ctype=ctype)
+                written = await self._patch_node(name, patch, status=status, ctype=ctype)
             except ApiError as exc:
                 if exc.status == 409 and attempt < self.settings.conflict_attempts:
                     logger.info("%s on %s: conflict (attempt %d), re-reading", what, name, attempt)
                     await asyncio.sleep(0.01 * attempt * random.random())  # noqa: S311  jitter, not crypto
                     continue
                 if exc.status == 404:
-                    return False
+                    return None
                 raise BackendUnavailable(f"Kubernetes API: {what} {name}: {exc}") from exc
-            return True
+            return written
         raise BackendUnavailable(f"Kubernetes API: {what} {name}: still conflicting")  # pragma: no cover
 
     async def _annotate(
@@ -844,7 +847,7 @@ class KubernetesCluster:
             }
             return {"metadata": {"annotations": annotations}, "spec": {"unschedulable": True}}
 
-        done = await self._modify_node(node, "cordon", change)
+        done = await self._modify_node(node, "cordon", change) is not None
         if done:
             logger.info("cordoned %s", node)
         return done
@@ -875,7 +878,7 @@ class KubernetesCluster:
             flipped = True
             return {**forget, "spec": {"unschedulable": False}}
 
-        written = await self._modify_node(node, "uncordon", change)
+        written = await self._modify_node(node, "uncordon", change) is not None
         if written and flipped:
             logger.info("uncordoned %s", node)
         return written and flipped
@@ -973,8 +976,11 @@ class KubernetesCluster:
             node, "set a node condition", change, status=True, ctype=STRATEGIC_MERGE_PATCH
         )
         wanted = {k: v for k, v in (annotations or {}).items() if v is not None}
-        stored = _annotations(self.nodes.get(node) or {})
-        if written and (record is not None or wanted) and not _kept(stored, wanted, record):
+        if (
+            written is not None
+            and (record is not None or wanted)
+            and not _kept(_annotations(written), wanted, record)
+        ):
             # An API server that drops metadata written through the status subresource (the 1.20
             # one keeps it): the record and annotations follow in a write of their own.
             logger.info("%s: metadata not kept by the status subresource; writing it apart", node)
@@ -1252,6 +1258,187 @@ class KubernetesCluster:
         # The node's Event (AccelDrainFinished / AccelDrainBlocked) is the engine's, as the policy's
         # `events` setting says.
         logger.info("%s: %s", node, outcome.summary())
+
+    # -- durable quarantine copies and the startup taint (remediator/repair.py) ----------------
+    #
+    # A quarantine must outlive the Node object (a machine replaced under the same name is a new
+    # object, without the old one's annotations): one small ConfigMap per quarantined node in the
+    # remediator's own namespace, labelled so that one LIST with a label selector reads them all.
+
+    def observed_nodes(self) -> list[Node] | None:
+        """The nodes as the watch cache has them (no request); None until it synced."""
+        if not self.nodes.synced:
+            return None
+        try:
+            return self.nodes.converted(node_from_object)
+        except ObjectFormatError:
+            return None
+
+    async def set_startup_taint(
+        self,
+        node: str,
+        *,
+        uid: str,
+        taint: Taint,
+        present: bool,
+        annotations: Mapping[str, str | None],
+        labels: Mapping[str, str | None],
+    ) -> bool:
+        """One merge patch with the resourceVersion as precondition, on the node object with `uid`
+        only: add (`present`) or remove the taints with `taint.key` (whoever added them: the taint is
+        this service's to lift), with annotation and label changes. False when no such node exists."""
+        found = False
+
+        def change(obj: dict[str, Any]) -> dict[str, Any] | None:
+            nonlocal found
+            found = _uid(obj) == uid
+            if not found:
+                return None
+            meta = obj.get("metadata") or {}
+            taints = list((obj.get("spec") or {}).get("taints") or [])
+            kept = [t for t in taints if t.get("key") != taint.key]
+            patch: dict[str, Any] = {}
+            if present and len(kept) == len(taints):
+                added = _taint_json(taint)
+                if taint.effect == "NoExecute":
+                    added["timeAdded"] = rfc3339(self._clock())
+                patch["spec"] = {"taints": [*taints, added]}
+            elif not present and len(kept) != len(taints):
+                patch["spec"] = {"taints": kept}
+            have = meta.get("annotations") or {}
+            changed: dict[str, str | None] = {k: v for k, v in annotations.items() if have.get(k) != v}
+            owned = owned_taints(have)
+            left = [t for t in owned if not t.startswith(taint.key + ":")]
+            if not present and left != owned:
+                changed[TAINTS_ADDED] = json.dumps(left) if left else None
+            have_labels = meta.get("labels") or {}
+            relabel = {k: v for k, v in labels.items() if have_labels.get(k) != v}
+            if changed or relabel:
+                patch["metadata"] = {
+                    **({"annotations": changed} if changed else {}),
+                    **({"labels": relabel} if relabel else {}),
+                }
+            return patch or None
+
+        what = "add the startup taint" if present else "remove the startup taint"
+        if await self._modify_node(node, what, change):
+            logger.info("%s: %s %s", node, what, taint.key)
+        return found
+
+    async def _list_quarantine_objects(self) -> list[dict[str, Any]]:
+        namespace = self.settings.state_namespace
+        try:
+            items, _ = await self._list_with_version(
+                f"list quarantine ConfigMaps in {namespace}",
+                self._core.list_namespaced_config_map_without_preload_content,
+                namespace=namespace,
+                label_selector=f"{QUARANTINE_LABEL}=true,{MANAGED_BY}={self.settings.manager}",
+            )
+        except ApiError as exc:
+            raise BackendUnavailable(
+                f"Kubernetes API: list quarantine ConfigMaps in {namespace}: {exc}"
+            ) from exc
+        return items
+
+    async def load_quarantines(self) -> Mapping[str, Mapping[str, Any]]:
+        """Node name -> document, from one LIST (label selector) of the remediator's namespace; a
+        ConfigMap that holds no such document is logged and skipped."""
+        out: dict[str, Mapping[str, Any]] = {}
+        for obj in await self._list_quarantine_objects():
+            name = (obj.get("metadata") or {}).get("name", "")
+            try:
+                doc = json.loads((obj.get("data") or {}).get(QUARANTINE_KEY) or "")
+            except ValueError:
+                doc = None
+            if not isinstance(doc, dict) or not isinstance(doc.get("node"), str):
+                logger.warning(
+                    "ConfigMap %s holds no quarantine document (key %s); skipped", name, QUARANTINE_KEY
+                )
+                continue
+            out[doc["node"]] = doc
+        return out
+
+    async def save_quarantine(self, node: str, document: Mapping[str, Any]) -> None:
+        """Create the node's ConfigMap; one already there (an update: rare, the quarantine's history
+        or escalation changed) is deleted, with its uid and resourceVersion as preconditions, and
+        created again, so that the Role needs no update or patch of ConfigMaps it cannot name."""
+        namespace, name = self.settings.state_namespace, quarantine_configmap_name(node)
+        what = f"write ConfigMap {namespace}/{name}"
+        self._ensure_leader(what)
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {MANAGED_BY: self.settings.manager, QUARANTINE_LABEL: "true"},
+            },
+            "data": {QUARANTINE_KEY: json.dumps(document, separators=(",", ":"), sort_keys=True)},
+        }
+        create = self._core.create_namespaced_config_map_without_preload_content
+        try:
+            await self._call(what, create, namespace, body)
+            return
+        except ApiError as exc:
+            if exc.status != 409:
+                raise BackendUnavailable(f"Kubernetes API: {what}: {exc}") from exc
+        there = next(
+            (o for o in await self._list_quarantine_objects() if o["metadata"]["name"] == name), None
+        )
+        if there is not None:
+            meta = there["metadata"]
+            await self._delete_quarantine_object(
+                name, preconditions={"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}
+            )
+        try:
+            await self._call(what, create, namespace, body)
+        except ApiError as exc:  # 409: another writer between the delete and the create
+            raise BackendUnavailable(f"Kubernetes API: {what}: {exc}") from exc
+
+    async def delete_quarantine(self, node: str) -> None:
+        """Delete the node's ConfigMap (none there: nothing to do)."""
+        await self._delete_quarantine_object(quarantine_configmap_name(node))
+
+    async def _delete_quarantine_object(
+        self, name: str, *, preconditions: Mapping[str, Any] | None = None
+    ) -> None:
+        namespace = self.settings.state_namespace
+        what = f"delete ConfigMap {namespace}/{name}"
+        self._ensure_leader(what)
+        body = {"preconditions": dict(preconditions)} if preconditions else None
+        try:
+            await self._call(
+                what,
+                self._core.delete_namespaced_config_map_without_preload_content,
+                name,
+                namespace,
+                body=body,
+            )
+        except ApiError as exc:
+            if exc.status != 404:
+                raise BackendUnavailable(f"Kubernetes API: {what}: {exc}") from exc
+
+
+QUARANTINE_CONFIGMAP_PREFIX = "accel-health-quarantine-"
+"""Name of a node's durable quarantine ConfigMap: this prefix and the node name (a hash when long)."""
+QUARANTINE_LABEL = PREFIX + "quarantine"
+"""Label (value "true") of the durable quarantine ConfigMaps; the LIST selects on it."""
+MANAGED_BY = "app.kubernetes.io/managed-by"
+"""Label naming this service (its `manager`) on the ConfigMaps it writes."""
+QUARANTINE_KEY = "quarantine.json"
+"""The data key holding a durable quarantine document."""
+NAME_LIMIT = 253
+"""The longest object name (a DNS subdomain)."""
+
+
+def quarantine_configmap_name(node: str) -> str:
+    """`accel-health-quarantine-<node>`; a name too long for an object keeps its start and ends with
+    a hash of the whole node name."""
+    name = QUARANTINE_CONFIGMAP_PREFIX + node
+    if len(name) <= NAME_LIMIT:
+        return name
+    digest = hashlib.sha256(node.encode()).hexdigest()[:16]
+    return f"{name[: NAME_LIMIT - len(digest) - 1].rstrip('-.')}-{digest}"
 
 
 _A = TypeVar("_A")

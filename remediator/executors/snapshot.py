@@ -1,12 +1,13 @@
 """The snapshot backend: a cluster read from `kubectl get nodes,pods,poddisruptionbudgets -A -o yaml`.
 
 Mutations change only the in-memory copy (the file is never written), and every mutating call is
-listed in `mutations` (saves of the gates document are counted in `gates_saves`), so tests can assert
-that a dry run made none. Writes keep what the Kubernetes executor keeps on a node: the ownership
-annotations (`cordoned-by`, `taints-added`) and the node's record (remediator/record.py), in the same
-in-memory change, so a second engine over the same backend derives exactly what it would derive from
-a real cluster. The gates document is kept in memory as JSON text. `RecordingAws` is the matching AWS
-seam: it records calls and calls nothing.
+listed in `mutations` (saves of the gates document are counted in `gates_saves`, saves and deletes
+of the durable quarantine copies listed in `quarantine_writes`), so tests can assert that a dry run
+made none. Writes keep what the Kubernetes executor keeps on a node: the ownership annotations
+(`cordoned-by`, `taints-added`) and the node's record (remediator/record.py), in the same in-memory
+change, so a second engine over the same backend derives exactly what it would derive from a real
+cluster. The gates document is kept in memory as JSON text. `RecordingAws` is the matching AWS seam:
+it records calls and calls nothing.
 
 `drain` plans with remediator.drain like the Kubernetes executor and answers with the same
 `DrainOutcome`: pods that need permission refuse the drain before any eviction; the others are
@@ -87,6 +88,11 @@ class SnapshotCluster:
         """How often the gates document was saved (a mutating call not listed in `mutations`)."""
         self.legacy_state: str | None = None
         """An older release's whole gate-state document, as JSON text (migrated, then deleted)."""
+        self.quarantines: dict[str, str] = {}
+        """Node name -> the durable copy of its quarantine, as JSON text."""
+        self.quarantine_writes: list[str] = []
+        """Every save and delete of a durable quarantine copy (`save gpu-1`, `delete gpu-1`), in order;
+        mutating calls kept apart from `mutations`, which lists what is done to the nodes."""
 
     @classmethod
     def from_file(cls, path: Path) -> SnapshotCluster:
@@ -349,6 +355,52 @@ class SnapshotCluster:
     async def delete_legacy_state(self) -> None:
         self.mutations.append("delete legacy state")
         self.legacy_state = None
+
+    # -- durable quarantine copies and the startup taint ----------------------------------------
+
+    def observed_nodes(self) -> list[Node] | None:
+        return list(self.nodes.values())
+
+    async def set_startup_taint(
+        self,
+        node: str,
+        *,
+        uid: str,
+        taint: Taint,
+        present: bool,
+        annotations: Mapping[str, str | None],
+        labels: Mapping[str, str | None],
+    ) -> bool:
+        current = self.nodes.get(node)
+        if current is None or current.uid != uid:
+            return False
+        self.mutations.append(f"{'hold' if present else 'release'} {node} {taint.key}:{taint.effect}")
+        kept = tuple(t for t in current.taints if t.key != taint.key)
+        merged_annotations = {**current.annotations, **annotations}
+        merged_labels = {**current.labels, **labels}
+        self._replace_node(
+            node,
+            taints=(*kept, taint) if present else kept,
+            annotations={k: v for k, v in merged_annotations.items() if v is not None},
+            labels={k: v for k, v in merged_labels.items() if v is not None},
+        )
+        return True
+
+    async def load_quarantines(self) -> Mapping[str, Mapping[str, Any]]:
+        return {node: json.loads(text) for node, text in self.quarantines.items()}
+
+    async def save_quarantine(self, node: str, document: Mapping[str, Any]) -> None:
+        self.quarantine_writes.append(f"save {node}")
+        self.quarantines[node] = json.dumps(document, sort_keys=True)
+
+    async def delete_quarantine(self, node: str) -> None:
+        self.quarantine_writes.append(f"delete {node}")
+        self.quarantines.pop(node, None)
+
+    def replace_node(self, node: Node) -> None:
+        """The node object was deleted and created again under its name (a test plays the cloud's
+        repair: a new uid, none of the old annotations, conditions or cordon)."""
+        self.nodes[node.name] = node
 
 
 class RecordingAws:

@@ -458,6 +458,8 @@ EXPECTED_RBAC = {
         ("", "configmaps"): {"get", "create", "update"},
     },
     ("Role", "accel-health-remediator-events"): {("", "events"): {"create", "patch"}},
+    # The durable quarantine copies (one ConfigMap per node, names not known in advance): no update.
+    ("Role", "accel-health-remediator-quarantine"): {("", "configmaps"): {"list", "create", "delete"}},
     # The exporter's only permission (components/active-checks): its node's pods, for --checks-node-pods.
     ("ClusterRole", "accel-health-exporter"): {("", "pods"): {"list"}},
 }
@@ -485,7 +487,7 @@ def test_rbac_grants_exactly_the_listed_permissions_and_no_wildcards(
             assert rule.get("resourceNames") == named[resource], rule
     bindings = [o for o in objects if o["kind"] in {"RoleBinding", "ClusterRoleBinding"}]
     for binding in bindings:
-        account = binding["roleRef"]["name"].removesuffix("-events")
+        account = binding["roleRef"]["name"].removesuffix("-events").removesuffix("-quarantine")
         assert account in {"accel-health-remediator", "accel-health-exporter"}
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": account, "namespace": "accel-health"}

@@ -502,6 +502,9 @@ _PLURALS = {
     "PodDisruptionBudget": ("apis/policy/v1beta1", "poddisruptionbudgets", True),
     "CustomResourceDefinition": ("apis/apiextensions.k8s.io/v1", "customresourcedefinitions", False),
     "ClusterRoleBinding": ("apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
+    "ClusterRole": ("apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
+    "Role": ("apis/rbac.authorization.k8s.io/v1", "roles", True),
+    "RoleBinding": ("apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
 }
 
 

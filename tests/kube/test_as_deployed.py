@@ -7,6 +7,8 @@ A fatal Xid written to a node's kernel log must end, with nothing else in betwee
 with its AcceleratorHealthy condition False, its pods evicted through the Eviction API under the
 PodDisruptionBudgets the disruption controller enforces, DaemonSet and mirror pods left alone, and
 Events telling the story; killing the leader mid-drain must not stop the drain nor repeat any of it.
+A quarantine's durable copy (a ConfigMap) is deleted when a human hands the node back, and every
+shipped RBAC rule is used, none refused.
 """
 
 from __future__ import annotations
@@ -211,6 +213,28 @@ async def test_a_repeated_event_is_aggregated_with_the_shipped_rbac(cluster: Dep
         await backend.close()
     events = [e for e in cluster.events("cpu-node-2") if e["reason"] == "AccelTestRepeat"]
     assert [e["count"] for e in events] == [2]
+
+
+def test_a_quarantine_handed_back_by_a_human_loses_its_durable_copy(cluster: Deployment) -> None:
+    """The repair loop keeps a copy of each quarantine in a ConfigMap of its own namespace (it
+    outlives the Node object); a human who sets the condition back ends the quarantine and the
+    leader deletes the copy."""
+    node = "gpu-node-1"
+    path = f"/api/v1/namespaces/{NAMESPACE}/configmaps/accel-health-quarantine-{node}"
+    wait_for("the quarantine's durable copy", lambda: cluster.admin.exists(path), timeout=60, interval=0.5)
+    healthy = {"type": "AcceleratorHealthy", "status": "True", "reason": "FixedByHand", "message": "checked"}
+    cluster.admin.strategic_patch(f"/api/v1/nodes/{node}/status", {"status": {"conditions": [healthy]}})
+
+    def deleted() -> bool:
+        return any(
+            e["verb"] == "delete"
+            and e["objectRef"].get("resource") == "configmaps"
+            and e["objectRef"].get("name") == f"accel-health-quarantine-{node}"
+            and e["responseStatus"]["code"] == 200
+            for e in _audit(cluster)
+        )
+
+    wait_for("the durable copy deleted by the leader", deleted, timeout=60, interval=0.5)
 
 
 def test_no_request_of_the_remediator_was_forbidden(cluster: Deployment) -> None:

@@ -60,6 +60,9 @@ MUTATING = frozenset(
         "start_drain",
         "save_gates",
         "delete_legacy_state",
+        "set_startup_taint",
+        "save_quarantine",
+        "delete_quarantine",
     }
 )
 
@@ -181,6 +184,37 @@ class CountingCluster:
     async def delete_legacy_state(self) -> None:
         self.calls["delete_legacy_state"] += 1
         await self.inner.delete_legacy_state()
+
+    def observed_nodes(self) -> list[Node] | None:
+        self.calls["observed_nodes"] += 1
+        return self.inner.observed_nodes()
+
+    async def set_startup_taint(
+        self,
+        node: str,
+        *,
+        uid: str,
+        taint: Taint,
+        present: bool,
+        annotations: Mapping[str, str | None],
+        labels: Mapping[str, str | None],
+    ) -> bool:
+        self.calls["set_startup_taint"] += 1
+        return await self.inner.set_startup_taint(
+            node, uid=uid, taint=taint, present=present, annotations=annotations, labels=labels
+        )
+
+    async def load_quarantines(self) -> Mapping[str, Mapping[str, Any]]:
+        self.calls["load_quarantines"] += 1
+        return await self.inner.load_quarantines()
+
+    async def save_quarantine(self, node: str, document: Mapping[str, Any]) -> None:
+        self.calls["save_quarantine"] += 1
+        await self.inner.save_quarantine(node, document)
+
+    async def delete_quarantine(self, node: str) -> None:
+        self.calls["delete_quarantine"] += 1
+        await self.inner.delete_quarantine(node)
 
 
 class Service:

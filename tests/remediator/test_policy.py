@@ -188,6 +188,14 @@ rules:
     assert policy.rules[0].actions == (AwsSetUnhealthy(handover_condition="AcceleratedHardwareReady"),)
 
 
+def test_verify_new_nodes_loads_and_escalate_after_is_capped_by_the_stored_history() -> None:
+    assert parse_policy("repair: {verify_new_nodes: true}\nrules: []\n").repair.verify_new_nodes is True
+    assert parse_policy("rules: []\n").repair.verify_new_nodes is False
+    message = _problems("repair: {verify_new_nodes: sometimes, escalate_after: 33}\nrules: []\n")
+    assert "repair.verify_new_nodes: expected true or false, got 'sometimes'" in message
+    assert "repair.escalate_after: at most 32 (the stored history keeps that many), got 33" in message
+
+
 def test_every_problem_in_the_repair_section_is_named() -> None:
     message = _problems(
         """
