@@ -17,7 +17,7 @@ import yaml
 
 from remediator.cli import _serve_parser as remediator_parser
 from remediator.cli import alertmanager_urls
-from tests.deploy.kube import DEPLOY, OVERLAYS, REPO, find, kubectl_problem, render
+from tests.deploy.kube import DEPLOY, OVERLAYS, REPO, expanded_args, find, kubectl_problem, render
 from tests.deploy.netpol import Outside, Pod, allowed
 
 pytestmark = pytest.mark.skipif(kubectl_problem() is not None, reason=str(kubectl_problem()))
@@ -29,7 +29,6 @@ KUBE_PROMETHEUS_MEMBERS = tuple(
 )
 """kube-prometheus: Alertmanager `main` in `monitoring`, 3 replicas, each named under the governing
 headless Service `alertmanager-operated` the Operator creates for its StatefulSet."""
-_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 # Pods as kube-prometheus and the Operator label them (manifests/alertmanager-alertmanager.yaml's
 # podMetadata, plus what the Operator adds), and ours as rendered.
@@ -93,28 +92,13 @@ def _container(objects: list[dict[str, Any]]) -> dict[str, Any]:
     return container
 
 
-def expanded_args(objects: list[dict[str, Any]]) -> list[str]:
-    """The remediator's args as the kubelet runs them: $(VAR) replaced by the container's env, values
-    and ConfigMap keys (of the rendered ConfigMaps) alike."""
-    container = _container(objects)
-    env: dict[str, str] = {}
-    for item in container.get("env", []):
-        source = item.get("valueFrom", {})
-        if "value" in item:
-            env[item["name"]] = item["value"]
-        elif "configMapKeyRef" in source:
-            ref = source["configMapKeyRef"]
-            env[item["name"]] = find(objects, "ConfigMap", ref["name"])["data"][ref["key"]]
-    return [_VAR.sub(lambda m: env.get(m.group(1), m.group(0)), a) for a in container["args"]]
-
-
 def _relative(target: Path, overlay: Path) -> str:
     """kustomize takes no absolute path: `target` as seen from the overlay's folder."""
     return os.path.relpath(target.resolve(), overlay)
 
 
 def _settings(objects: list[dict[str, Any]]) -> tuple[tuple[str, ...], str]:
-    args = remediator_parser().parse_args(expanded_args(objects))
+    args = remediator_parser().parse_args(expanded_args(objects, _container(objects)))
     return alertmanager_urls(args.alertmanager_url), str(args.alertmanager_receiver)
 
 
