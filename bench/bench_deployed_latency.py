@@ -7,7 +7,8 @@ at a random phase of the scrape and evaluation cycles. For each it takes the tim
 - written: the line appended to the node's kernel log;
 - scraped: the timestamp of the first Prometheus sample carrying it (the scrape's start);
 - firing: the alert's activeAt (the rule evaluation that first saw it);
-- webhook: the remediator's decision record for the node (the delivery Alertmanager made);
+- webhook: the remediator's decision record for the node (the delivery Alertmanager made, or the
+  leader's read of Alertmanager's API, whichever came first: the overlay reads both);
 - cordoned: the API server's audit record of the remediator's cordon (stageTimestamp).
 
 Only the safety gates are widened (budget and storm breaker, which would otherwise hold nodes back on

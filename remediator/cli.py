@@ -156,7 +156,8 @@ def _serve_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="URL",
-        help="Alertmanager base URL, e.g. http://alertmanager:9093 (repeat for each member of an HA pair)",
+        help="Alertmanager base URL, e.g. http://alertmanager:9093; one per member of an HA cluster, "
+        "repeated or comma-separated in one value (one setting a Deployment fills from a ConfigMap)",
     )
     am.add_argument(
         "--alertmanager-receiver",
@@ -255,12 +256,24 @@ def _aws(args: argparse.Namespace, *, acts: bool) -> Aws:
     )
 
 
+def alertmanager_urls(values: list[str]) -> tuple[str, ...]:
+    """The `--alertmanager-url` values as URLs: each value one URL or a comma-separated list of them
+    (blanks around commas ignored), the first of each URL kept, in order."""
+    urls: list[str] = []
+    for value in values:
+        for part in value.split(","):
+            url = part.strip()
+            if not url.startswith(("http://", "https://")):
+                raise UsageError(f"--alertmanager-url expects http:// or https:// URLs, got {part!r}")
+            if url not in urls:
+                urls.append(url)
+    return tuple(urls)
+
+
 def _alertmanager(args: argparse.Namespace) -> AlertmanagerSettings | None:
     if not args.alertmanager_url:
         return None
-    for url in args.alertmanager_url:
-        if not url.startswith(("http://", "https://")):
-            raise UsageError(f"--alertmanager-url expects an http:// or https:// URL, got {url!r}")
+    urls = alertmanager_urls(args.alertmanager_url)
     if args.alertmanager_interval < 1:
         raise UsageError(
             f"--alertmanager-interval must be at least 1 second, got {args.alertmanager_interval}"
@@ -277,7 +290,7 @@ def _alertmanager(args: argparse.Namespace) -> AlertmanagerSettings | None:
     if args.alertmanager_ca_file is not None and not args.alertmanager_ca_file.is_file():
         raise UsageError(f"--alertmanager-ca-file {args.alertmanager_ca_file}: no such file")
     return AlertmanagerSettings(
-        urls=tuple(args.alertmanager_url),
+        urls=urls,
         receiver=args.alertmanager_receiver,
         bearer_token=token,
         basic_auth=basic,

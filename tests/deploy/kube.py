@@ -78,3 +78,25 @@ def containers(objects: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], 
         if template:
             for container in template["spec"].get("containers", []):
                 yield obj, container
+
+
+_VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def manifest_env(objects: list[dict[str, Any]], container: dict[str, Any]) -> dict[str, str]:
+    """The container's env vars whose values the manifests hold: plain values and keys of the rendered
+    ConfigMaps (fieldRefs and Secrets are the cluster's, not the manifests')."""
+    env: dict[str, str] = {}
+    for item in container.get("env", []):
+        ref = (item.get("valueFrom") or {}).get("configMapKeyRef")
+        if "value" in item:
+            env[item["name"]] = str(item["value"])
+        elif ref is not None:
+            env[item["name"]] = str(find(objects, "ConfigMap", ref["name"])["data"][ref["key"]])
+    return env
+
+
+def expanded_args(objects: list[dict[str, Any]], container: dict[str, Any]) -> list[str]:
+    """The container's args as the kubelet runs them: $(VAR) replaced by `manifest_env`."""
+    env = manifest_env(objects, container)
+    return [_VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), a) for a in container.get("args", [])]

@@ -7,12 +7,19 @@ env, volumes and ServiceAccount. Real Prometheus runs deploy/prometheus/promethe
 discovery through the API server, the shipped 10 s intervals, the rules from alerts/) and real
 Alertmanager runs the shipped routing (examples/alertmanager.yaml) to the remediator Service.
 
+The monitoring stack the harness plays is kube-prometheus': Alertmanager `main` in `monitoring`, three
+real members gossiping as an HA cluster, each at an address of its own on the pod network, port 9093,
+and named in the pods' DNS (their /etc/hosts) as the Operator's governing Service names them,
+`alertmanager-main-<i>.alertmanager-operated.monitoring.svc` (and the Service `alertmanager-main` as
+member 0), so the remediator reads them with the rendered URLs.
+
 What the harness changes, and only for the 1.20 server or for running outside a cluster:
 - PodDisruptionBudgets are applied as policy/v1beta1 and lose `unhealthyPodEvictionPolicy` (1.21+
   fields); the product's own policy/v1 requests go through the skew proxy (tests/kube/network.py).
 - The Prometheus Operator's CRDs are installed as schemaless CRDs so its objects apply.
 - Prometheus gets the API server's address and an admin token for discovery; Alertmanager's webhook
-  URL points at the Service stand-in and its token path at a file; Prometheus's rule path at alerts/.
+  URL points at the Service stand-in and its token path at a file; Prometheus's rule path at alerts/;
+  Prometheus sends alerts to the three members by address.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from examples.pipeline import free_port
 from tests.deploy import kube as deploy_kube
@@ -55,6 +63,11 @@ REMEDIATOR = "accel-health-remediator"
 EXPORTER = "accel-health-exporter"
 WORK_NS = "training"
 GPU_NODE_FIXTURE = REPO / "examples" / "nodes" / "gpu-node-1"
+ALERTMANAGER_NAMESPACE = "monitoring"
+ALERTMANAGER_NAME = "main"
+"""kube-prometheus' Alertmanager object; its StatefulSet and Service are `alertmanager-main`."""
+ALERTMANAGER_REPLICAS = 3
+ALERTMANAGER_PORT = 9093
 OPERATOR_KINDS = {
     "ServiceMonitor": "servicemonitors",
     "PodMonitor": "podmonitors",
@@ -230,7 +243,8 @@ class Deployment:
     token: str = field(default_factory=lambda: secrets.token_hex(32))
     objects: list[Obj] = field(default_factory=list)
     prometheus_port: int = 0
-    alertmanager_port: int = 0
+    alertmanagers: list[str] = field(default_factory=list)
+    """Base URLs of the Alertmanager members (http://ADDRESS:9093), as the harness reaches them."""
     discovery: PodDiscovery | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -259,9 +273,10 @@ class Deployment:
         )
         self.kubelet.api_port_for_pods = self.skew.port
         self._add_nodes()
+        self._start_alertmanagers()  # before any pod starts: their /etc/hosts names the members
         self.kubelet.start()
         self.apply()
-        self._start_monitoring()
+        self._start_prometheus()
 
     def stop(self) -> None:
         if self.discovery is not None:
@@ -364,40 +379,59 @@ class Deployment:
 
     # -- monitoring -------------------------------------------------------------------------------
 
-    def _start_monitoring(self) -> None:
-        assert self.plane is not None
+    def _start_alertmanagers(self) -> None:
+        """kube-prometheus' Alertmanager: ALERTMANAGER_REPLICAS members in one gossip cluster, each on
+        an address of its own on the pod network, named in the pods' DNS as the Operator names them."""
         assert self.loop is not None
+        assert self.network is not None
+        assert self.kubelet is not None
         self.service = ServiceProxy(rest=self.admin, namespace=NAMESPACE, name=REMEDIATOR, target_port=9836)
         self.loop.run(self.service.start())
         token_file = self.workdir / "webhook-token"
         token_file.write_text(self.token)
-        admin_token = self.workdir / "prometheus-token"
-        admin_token.write_text(self.plane.admin_token)
-        self.alertmanager_port = free_port()
         am = yaml.safe_load((REPO / "examples" / "alertmanager.yaml").read_text())
         for receiver in am.get("receivers", []):
             for hook in receiver.get("webhook_configs", []):
                 hook["url"] = f"http://127.0.0.1:{self.service.port}/alerts"
                 hook["http_config"]["authorization"]["credentials_file"] = str(token_file)
         (self.workdir / "alertmanager.yaml").write_text(yaml.safe_dump(am))
-        self.processes.append(
-            spawn(
-                "alertmanager",
-                [
-                    "prometheus-alertmanager",
-                    f"--config.file={self.workdir / 'alertmanager.yaml'}",
-                    f"--storage.path={self.workdir / 'am-data'}",
-                    f"--web.listen-address=127.0.0.1:{self.alertmanager_port}",
-                    "--cluster.listen-address=",
-                ],
-                log_dir=self.workdir,
+        addresses = [self.network.add_host_address() for _ in range(ALERTMANAGER_REPLICAS)]
+        statefulset, ns = f"alertmanager-{ALERTMANAGER_NAME}", ALERTMANAGER_NAMESPACE
+        for i, address in enumerate(addresses):
+            for domain in (
+                f"alertmanager-operated.{ns}.svc",
+                f"alertmanager-operated.{ns}.svc.cluster.local",
+            ):
+                self.kubelet.hosts[f"{statefulset}-{i}.{domain}"] = address
+        for domain in (f"{ns}.svc", f"{ns}.svc.cluster.local"):
+            self.kubelet.hosts[f"{statefulset}.{domain}"] = addresses[0]
+        for i, address in enumerate(addresses):
+            peers = [f"--cluster.peer={a}:9094" for a in addresses if a != address]
+            self.processes.append(
+                spawn(
+                    f"alertmanager-{i}",
+                    [
+                        "prometheus-alertmanager",
+                        f"--config.file={self.workdir / 'alertmanager.yaml'}",
+                        f"--storage.path={self.workdir / f'am-data-{i}'}",
+                        f"--web.listen-address={address}:{ALERTMANAGER_PORT}",
+                        f"--cluster.listen-address={address}:9094",
+                        f"--cluster.advertise-address={address}:9094",
+                        *peers,
+                    ],
+                    log_dir=self.workdir,
+                )
             )
-        )
+            self.alertmanagers.append(f"http://{address}:{ALERTMANAGER_PORT}")
+
+    def _start_prometheus(self) -> None:
+        assert self.plane is not None
+        admin_token = self.workdir / "prometheus-token"
+        admin_token.write_text(self.plane.admin_token)
         prom = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yaml").read_text())
         prom["rule_files"] = [str(REPO / "alerts" / "*.yaml")]
-        prom["alerting"] = {
-            "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.alertmanager_port}"]}]}]
-        }
+        targets = [urllib.parse.urlsplit(u).netloc for u in self.alertmanagers]
+        prom["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": targets}]}]}
         # Debian's Prometheus is built without Kubernetes discovery: the harness discovers the pods
         # itself and hands Prometheus the same targets and __meta_kubernetes_* labels through file_sd,
         # so the shipped relabel_configs run unchanged.
@@ -433,6 +467,30 @@ class Deployment:
             result: list[dict[str, Any]] = json.loads(resp.read())["data"]["result"]
             return result
 
+    def alertmanager_api(self, member: int, method: str, path: str, body: Any = None) -> Any:
+        """One member's API v2 (path under /api/v2), as Prometheus or an operator calls it."""
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(  # noqa: S310 -- http to the harness's own member
+            f"{self.alertmanagers[member]}/api/v2{path}",
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=5) as resp:  # noqa: S310
+            text = resp.read()
+        return json.loads(text) if text.strip() else None
+
+    def alertmanagers_clustered(self) -> bool:
+        """Every member up and seeing all the others (gossip settled enough for silences to spread)."""
+        try:
+            statuses = [self.alertmanager_api(i, "GET", "/status") for i in range(len(self.alertmanagers))]
+        except OSError:
+            return False
+        return all(
+            st["cluster"]["status"] == "ready" and len(st["cluster"].get("peers") or []) == len(statuses)
+            for st in statuses
+        )
+
     def firing(self) -> list[dict[str, str]]:
         url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/alerts"
         with urllib.request.urlopen(url, timeout=5) as resp:
@@ -453,6 +511,14 @@ class Deployment:
         with urllib.request.urlopen(request, timeout=5) as resp:  # noqa: S310
             return json.loads(resp.read()) if path != "/metrics" else resp.read().decode()
 
+    def remediator_metric(self, pod: Obj, name: str, labels: dict[str, str]) -> float | None:
+        """One sample of a pod's /metrics; None when absent."""
+        for family in text_string_to_metric_families(self.remediator_get(pod, "/metrics")):
+            for sample in family.samples:
+                if sample.name == name and sample.labels == labels:
+                    return float(sample.value)
+        return None
+
     def leader(self) -> Obj | None:
         lease = self.admin.get(f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{REMEDIATOR}")
         holder = (lease.get("spec") or {}).get("holderIdentity") or ""
@@ -462,7 +528,8 @@ class Deployment:
         return None
 
     def wait_ready(self, timeout: float = 90.0) -> None:
-        """Exporters scraped on every GPU node, one remediator leading, rules loaded."""
+        """Exporters scraped on every GPU node, one remediator leading, the Alertmanager members
+        clustered."""
 
         def ready() -> bool:
             for proc in self.processes:
@@ -473,7 +540,7 @@ class Deployment:
             except OSError:
                 return False
             endpoints = self.service.endpoints() if self.service else []
-            return len(up) == self.gpu_nodes and len(endpoints) == 1
+            return len(up) == self.gpu_nodes and len(endpoints) == 1 and self.alertmanagers_clustered()
 
         try:
             wait_for("exporters scraped and a leading remediator", ready, timeout=timeout, interval=0.5)

@@ -8,8 +8,10 @@
   real processes: their container command runs with the manifest's own args and env (fieldRefs and
   $(VAR) expanded), in a network namespace of their own and with their volumes mounted at their
   mountPaths (Secrets, ConfigMaps, hostPaths from the fake node's root, the service-account token
-  unless automount is off); readiness follows the manifest's readinessProbe. A process that exits is
-  restarted (restartPolicy Always) and counted in restartCount.
+  unless automount is off), env from values, fieldRefs and ConfigMap or Secret keys, and an /etc/hosts
+  naming the Services the harness plays outside the API (`hosts`); readiness follows the manifest's
+  readinessProbe. A process that exits is restarted (restartPolicy Always) and counted in
+  restartCount.
 - Terminating: a pod with a deletionTimestamp is stopped (SIGTERM, then SIGKILL after its grace
   period) and finalized after `terminate_delay`, as the kubelet confirms a deletion.
 
@@ -149,6 +151,9 @@ class FakeKubelet:
     """Fake node name -> its root folder (hostPath volumes resolve there)."""
     api_port_for_pods: int = 443
     """The port pods reach the API server on (KUBERNETES_SERVICE_PORT), set by the harness."""
+    hosts: dict[str, str] = field(default_factory=dict)
+    """Cluster DNS as process pods see it: name -> address, written into every pod's /etc/hosts (a
+    file the kubelet manages in real pods too), for the Services the harness plays outside the API."""
     errors: list[str] = field(default_factory=list)
     running: dict[str, Running] = field(default_factory=dict)
     _seen: dict[str, float] = field(default_factory=dict)
@@ -520,6 +525,10 @@ class FakeKubelet:
         argv = [_VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), a) for a in argv]
         argv[0] = shutil.which(argv[0], path=str(Path(sys.executable).parent)) or argv[0]
         netns, ip = self.network.add_pod()
+        hosts = pod_dir / "etc-hosts"
+        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback", f"{ip}\t{meta['name']}"]
+        hosts.write_text("\n".join([*lines, *(f"{a}\t{n}" for n, a in sorted(self.hosts.items()))]) + "\n")
+        mounts.append((str(hosts), "/etc/hosts", True))
         spec_file = pod_dir / "podrun.json"
         spec_file.write_text(
             json.dumps({"argv": argv, "env": env, "mounts": mounts, "hostname": meta["name"]})
@@ -569,11 +578,39 @@ class FakeKubelet:
             "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default"),
         }
         for item in container.get("env") or []:
+            source = item.get("valueFrom") or {}
             if "value" in item:
                 env[item["name"]] = _VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), item["value"])
-            elif "fieldRef" in (item.get("valueFrom") or {}):
-                env[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
+            elif "fieldRef" in source:
+                env[item["name"]] = fields[source["fieldRef"]["fieldPath"]]
+            elif "configMapKeyRef" in source or "secretKeyRef" in source:
+                value = self._key_ref(meta["namespace"], source)
+                if value is not None:
+                    env[item["name"]] = value
+            else:
+                raise ValueError(f"env {item['name']}: source not played by the kubelet stand-in: {source}")
         return env
+
+    def _key_ref(self, namespace: str, source: Obj) -> str | None:
+        """A configMapKeyRef or secretKeyRef, read now; None when optional and absent (the kubelet
+        refuses to start the container otherwise)."""
+        secret = "secretKeyRef" in source
+        ref = source["secretKeyRef" if secret else "configMapKeyRef"]
+        api = "secrets" if secret else "configmaps"
+        try:
+            data = (
+                self.plane.admin.get(f"/api/v1/namespaces/{namespace}/{api}/{ref['name']}").get("data") or {}
+            )
+        except ApiError as exc:
+            if exc.status == 404 and ref.get("optional"):
+                return None
+            raise
+        if ref["key"] not in data:
+            if ref.get("optional"):
+                return None
+            raise KeyError(f"{api} {namespace}/{ref['name']} has no key {ref['key']}")
+        value = data[ref["key"]]
+        return base64.b64decode(value).decode() if secret else str(value)
 
     # -- helpers for tests ------------------------------------------------------------------------
 

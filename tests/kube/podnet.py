@@ -36,11 +36,13 @@ def available() -> str | None:
 
 @dataclass
 class PodNetwork:
-    """A bridge `ahb<id>` with the host at 10.213.N.1 and pods from 10.213.N.10 up."""
+    """A bridge `ahb<id>` with the host at 10.213.N.1 (and, for servers the harness runs on the host in
+    a pod's stead, 10.213.N.2 to .9) and pods from 10.213.N.10 up."""
 
     ident: str = field(default_factory=lambda: f"{os.getpid() % 100000}")
     subnet: int = field(default_factory=lambda: 1 + os.getpid() % 250)
     _next: int = 10
+    _next_host: int = 2
     _namespaces: list[str] = field(default_factory=list)
 
     @property
@@ -55,6 +57,17 @@ class PodNetwork:
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("addr", "add", f"{self.host_ip}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
+
+    def add_host_address(self) -> str:
+        """One more address of the host on the bridge: a process of the harness bound to it is reached
+        by pods at an address of its own (and so on a port of its own choosing, e.g. 9093 twice)."""
+        n = self._next_host
+        if n >= 10:
+            raise RuntimeError("no host address left on the pod network (8)")
+        self._next_host += 1
+        ip = f"10.213.{self.subnet}.{n}"
+        _ip("addr", "add", f"{ip}/24", "dev", self.bridge)
+        return ip
 
     def add_pod(self) -> tuple[str, str]:
         """A new namespace wired to the bridge: (namespace name, pod IP)."""

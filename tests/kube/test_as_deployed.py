@@ -9,6 +9,7 @@ PodDisruptionBudgets the disruption controller enforces, DaemonSet and mirror po
 Events telling the story; killing the leader mid-drain must not stop the drain nor repeat any of it.
 A quarantine's durable copy (a ConfigMap) is deleted when a human hands the node back, and every
 shipped RBAC rule is used, none refused.
+The leader reads every member of the Alertmanager cluster the manifests name, and honours a silence.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from remediator.executors.kubernetes import KubernetesCluster
+from tests.alertmanager_process import rfc3339
 from tests.kube.conftest import deployed_skip_reason
 from tests.kube.controlplane import wait_for
 from tests.kube.deployed import NAMESPACE, REMEDIATOR, WORK_NS, Deployment, add_training
@@ -83,6 +85,92 @@ def test_the_remediator_starts_as_the_manifest_starts_it_and_one_replica_leads(c
     assert leader is not None
     assert sum(_ready(p) for p in pods) == 1
     assert _ready(leader)
+
+
+def _probe(member: int) -> dict[str, Any]:
+    now = time.time()
+    return {
+        "labels": {
+            "alertname": "AccelHarnessProbe",
+            "probe": str(member),
+            "node": "cpu-node-1",
+            "remediation": "cordon",
+            "severity": "warning",
+        },
+        "annotations": {"summary": f"held by Alertmanager member {member} alone"},
+        "startsAt": rfc3339(now - 1),
+        "endsAt": rfc3339(now + 3600),
+        "generatorURL": "http://prometheus/graph",
+    }
+
+
+def _probes_on(d: Deployment, member: int) -> dict[str, str]:
+    """probe label -> fingerprint of the probe alerts a member shows."""
+    shown = d.alertmanager_api(member, "GET", '/alerts?filter=alertname="AccelHarnessProbe"')
+    return {a["labels"]["probe"]: a["fingerprint"] for a in shown}
+
+
+def test_the_leader_reads_each_alertmanager_the_manifest_names_and_a_silence_stops_it(
+    cluster: Deployment,
+) -> None:
+    """deploy/components/alertmanager-api as rendered: the leader reads GET /api/v2/alerts of every
+    member of the (kube-prometheus) Alertmanager cluster. Each member alone holds one alert (alerts
+    are not gossiped; Prometheus posts to each member), silenced cluster-wide, so no webhook carries
+    any of them: the leader records each as silenced, and does nothing to the node."""
+    members = range(len(cluster.alertmanagers))
+    silence = cluster.alertmanager_api(
+        0,
+        "POST",
+        "/silences",
+        {
+            "matchers": [
+                {"name": "alertname", "value": "AccelHarnessProbe", "isRegex": False, "isEqual": True}
+            ],
+            "startsAt": rfc3339(time.time() - 1),
+            "endsAt": rfc3339(time.time() + 3600),
+            "createdBy": "tests",
+            "comment": "leave cpu-node-1 alone",
+        },
+    )["silenceID"]
+    wait_for(
+        "the silence gossiped to every member",
+        lambda: all(
+            any(s["id"] == silence for s in cluster.alertmanager_api(m, "GET", "/silences")) for m in members
+        ),
+        timeout=30,
+    )
+    for member in members:
+        cluster.alertmanager_api(member, "POST", "/alerts", [_probe(member)])
+    held = {m: _probes_on(cluster, m) for m in members}
+    assert all(set(held[m]) == {str(m)} for m in members), held  # each member holds its own alone
+    fingerprints = {held[m][str(m)] for m in members}
+
+    def recorded() -> dict[str, str]:
+        leader = cluster.leader()
+        actions = cluster.remediator_get(leader, "/actions") if leader is not None else []
+        records = actions.get("actions", []) if isinstance(actions, dict) else actions
+        return {r["fingerprint"]: r["reason"] for r in records if r.get("fingerprint") in fingerprints}
+
+    try:
+        # The leader reads every 30 s (--alertmanager-interval's default).
+        wait_for("every probe recorded by the leader", lambda: set(recorded()) == fingerprints, timeout=90)
+        reasons = recorded()
+        assert all(f"silenced in Alertmanager by {silence}" in r for r in reasons.values()), reasons
+        assert not cluster.node("cpu-node-1")["spec"].get("unschedulable")
+        leader = cluster.leader()
+        assert leader is not None
+        ok = cluster.remediator_metric(leader, "accel_remediator_alertmanager_polls_total", {"result": "ok"})
+        assert ok is not None
+        assert ok >= 1
+    finally:
+        # Resolved before the silence ends, so that nothing is ever acted on for them.
+        for member in members:
+            cluster.alertmanager_api(
+                member, "POST", "/alerts", [{**_probe(member), "endsAt": rfc3339(time.time() - 1)}]
+            )
+        wait_for("the probes resolved", lambda: not any(_probes_on(cluster, m) for m in members), timeout=30)
+        cluster.alertmanager_api(0, "DELETE", f"/silence/{silence}")
+    assert not cluster.node("cpu-node-1")["spec"].get("unschedulable")
 
 
 def test_a_fatal_xid_cordons_and_drains_its_node_through_the_whole_chain(cluster: Deployment) -> None:

@@ -1,7 +1,7 @@
 """accel-health as first installed: deploy/overlays/dry-run on a real API server. The same fault as in
 test_as_deployed makes the leader record the same decisions (condition, cordon, drain with the pods it
 would evict), marked dry-run, and the cluster is left exactly as it was: per the API server's audit
-log the remediator's only writes are to its own leader Lease."""
+log the remediator's only writes are to its own leader Lease, though it reads Alertmanager's API."""
 
 from __future__ import annotations
 
@@ -40,6 +40,20 @@ def _decisions(d: Deployment) -> list[dict[str, Any]]:
     records = d.remediator_get(leader, "/actions")
     result: list[dict[str, Any]] = records.get("actions", []) if isinstance(records, dict) else records
     return result
+
+
+def test_the_dry_run_overlay_reads_alertmanagers_api(cluster: Deployment) -> None:
+    """The rendered --alertmanager-url reaches the harness's Alertmanager members (what the leader
+    reads writes nothing: the next test's audit covers it)."""
+
+    def polled() -> bool:
+        leader = cluster.leader()
+        if leader is None:
+            return False
+        ok = cluster.remediator_metric(leader, "accel_remediator_alertmanager_polls_total", {"result": "ok"})
+        return ok is not None and ok >= 1
+
+    wait_for("a read of Alertmanager's API by the leader", polled, timeout=60)
 
 
 def test_the_dry_run_overlay_records_every_decision_and_changes_nothing(cluster: Deployment) -> None:

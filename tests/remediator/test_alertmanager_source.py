@@ -18,7 +18,7 @@ from remediator.alertmanager import (
     merge_views,
     parse_api_alerts,
 )
-from remediator.cli import main
+from remediator.cli import alertmanager_urls, main
 from remediator.payload import PayloadError, canonical_time
 from tests import alertmanager_process
 from tests.alertmanager_process import Alertmanager, fired
@@ -89,7 +89,9 @@ async def test_the_client_reads_active_and_silenced_alerts_and_marks_the_silence
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--alertmanager-url=alertmanager:9093"], "expects an http:// or https:// URL"),
+        (["--alertmanager-url=alertmanager:9093"], "expects http:// or https:// URLs"),
+        (["--alertmanager-url=http://a:9093,alertmanager-b:9093"], "got 'alertmanager-b:9093'"),
+        (["--alertmanager-url=http://a:9093,"], "got ''"),
         (["--alertmanager-url=http://a:9093", "--alertmanager-interval=0.5"], "at least 1 second"),
         (["--alertmanager-url=http://a:9093", "--alertmanager-ca-file=/nonexistent"], "no such file"),
     ],
@@ -100,3 +102,16 @@ def test_unusable_alertmanager_flags_are_refused_at_start(
     argv = ["serve", "--insecure-no-auth", f"--cluster-snapshot={SNAPSHOT}", "--listen=127.0.0.1:0", *flags]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_members_of_an_ha_cluster_may_be_listed_in_one_value_or_repeated() -> None:
+    """One value, comma-separated, is what a Deployment fills from one ConfigMap key (deploy/)."""
+    assert alertmanager_urls(["http://am-0:9093, http://am-1:9093", "http://am-2:9093"]) == (
+        "http://am-0:9093",
+        "http://am-1:9093",
+        "http://am-2:9093",
+    )
+    assert alertmanager_urls(["http://am-0:9093", "http://am-0:9093,http://am-1:9093"]) == (
+        "http://am-0:9093",
+        "http://am-1:9093",
+    )

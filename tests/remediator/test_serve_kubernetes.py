@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.deploy.kube import DEPLOY, containers, find, kubectl_problem, render
+from tests.deploy.kube import DEPLOY, containers, expanded_args, find, kubectl_problem, render
 from tests.remediator.conftest import payload
 from tests.remediator.fake_apiserver import node, serve
 
@@ -118,7 +118,7 @@ def _certificate(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _as_deployed(overlay: str, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
-    """The remediator container's argv (mounted files moved under tmp_path) and its env's names."""
+    """The remediator container's argv (mounted files moved under tmp_path) and its fieldRef env."""
     objects = render(DEPLOY / "overlays" / overlay)
     deployment = find(objects, "Deployment", "accel-health-remediator")
     (container,) = [c for w, c in containers([deployment]) if c["name"] == "remediator"]
@@ -129,7 +129,7 @@ def _as_deployed(overlay: str, tmp_path: Path) -> tuple[list[str], dict[str, str
         "/etc/accel-health/policy/policy.yaml": policy,
     }
     argv = []
-    for arg in container["args"]:
+    for arg in expanded_args(objects, container):  # $(VAR) from the rendered ConfigMaps, as the kubelet
         name, _, value = arg.partition("=")
         if value in mounts:
             moved = tmp_path / Path(value).name
@@ -137,7 +137,11 @@ def _as_deployed(overlay: str, tmp_path: Path) -> tuple[list[str], dict[str, str
             argv.append(f"{name}={moved}")
         else:
             argv.append(arg)
-    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container.get("env", [])}
+    env = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in container.get("env", [])
+        if "fieldRef" in e.get("valueFrom", {})
+    }
     return argv, env
 
 
