@@ -805,12 +805,22 @@ class KubernetesCluster:
 
     async def load_legacy_state(self) -> Mapping[str, Any] | None:
         """The gate-state document of an older release, if its ConfigMap is still there (StateError
-        when it holds garbage)."""
-        name = self.settings.legacy_configmap
-        obj = await self._read_configmap(name)
-        if obj is None:
+        when it holds garbage). Read with a LIST narrowed to its name (the quarantine Role's `list`:
+        no grant of its own for an object that is read once)."""
+        name, namespace = self.settings.legacy_configmap, self.settings.state_namespace
+        try:
+            page = await self._call(
+                f"list ConfigMap {namespace}/{name}",
+                self._core.list_namespaced_config_map_without_preload_content,
+                namespace,
+                field_selector=f"metadata.name={name}",
+            )
+        except ApiError as exc:
+            raise BackendUnavailable(f"Kubernetes API: list ConfigMap {namespace}/{name}: {exc}") from exc
+        items = page.get("items") or []
+        if not items:
             return None
-        return self._document(obj, STATE_KEY, f"{self.settings.state_namespace}/{name}") or {}
+        return self._document(items[0], STATE_KEY, f"{namespace}/{name}") or {}
 
     async def delete_legacy_state(self) -> None:
         """Delete the older release's ConfigMap (once its content was moved onto the nodes)."""

@@ -480,7 +480,7 @@ def test_rbac_grants_exactly_the_listed_permissions_and_no_wildcards(
                 for resource in rule["resources"]:
                     granted.setdefault((group, resource), set()).update(rule["verbs"])
         assert granted == EXPECTED_RBAC[(role["kind"], role["metadata"]["name"])]
-    named = {"leases": ["accel-health-remediator"], "configmaps": ["accel-health-remediator-state"]}
+    named = {"leases": ["accel-health-remediator"], "configmaps": ["accel-health-remediator-gates"]}
     for rule in find(objects, "Role", "accel-health-remediator")["rules"]:
         if rule["verbs"] != ["create"]:  # create cannot name the object it makes
             [resource] = rule["resources"]

@@ -504,9 +504,10 @@ class Deployment:
     def remediator_pods(self) -> list[Obj]:
         return self.pods(selector=f"app.kubernetes.io/name={REMEDIATOR}")
 
-    def remediator_get(self, pod: Obj, path: str) -> Any:
+    def remediator_get(self, pod: Obj, path: str, *, method: str = "GET", body: Any = None) -> Any:
         ip = pod["status"]["podIP"]
-        request = urllib.request.Request(f"http://{ip}:9836{path}")
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"http://{ip}:9836{path}", data=data, method=method)
         request.add_header("Authorization", f"Bearer {self.token}")
         with urllib.request.urlopen(request, timeout=5) as resp:  # noqa: S310
             return json.loads(resp.read()) if path != "/metrics" else resp.read().decode()

@@ -325,6 +325,27 @@ def test_a_quarantine_handed_back_by_a_human_loses_its_durable_copy(cluster: Dep
     wait_for("the durable copy deleted by the leader", deleted, timeout=60, interval=0.5)
 
 
+def test_a_pause_survives_a_failover_in_the_gates_configmap(cluster: Deployment) -> None:
+    """POST /pause on the leader writes the gates ConfigMap (the one object outside the nodes); the
+    next leader reads it before it is ready and is paused too; POST /resume writes it again."""
+    leader = cluster.leader()
+    assert leader is not None
+    answer = cluster.remediator_get(leader, "/pause", method="POST", body={"reason": "as-deployed test"})
+    assert answer == {"paused": True, "changed": True}
+    name = leader["metadata"]["name"]
+    cluster.admin.delete(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+    _time(lambda: (lead := cluster.leader()) is not None and lead["metadata"]["name"] != name)
+    successor = cluster.leader()
+    assert successor is not None
+    state = cluster.remediator_get(successor, "/state")
+    assert (state["paused"], state["pause_reason"]) == (True, "as-deployed test")
+    assert cluster.remediator_get(successor, "/resume", method="POST") == {"paused": False, "changed": True}
+    stored = cluster.admin.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/accel-health-remediator-gates")
+    assert len(stored["data"]["gates.json"]) <= 1024
+    assert '"paused":false' in stored["data"]["gates.json"]
+    wait_for("a new standby replica", lambda: len(cluster.remediator_pods()) == 2, timeout=60)
+
+
 def test_no_request_of_the_remediator_was_forbidden(cluster: Deployment) -> None:
     assert cluster.plane is not None
     forbidden = [

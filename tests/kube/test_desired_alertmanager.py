@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(
 
 NS = "accel-health"
 NODES = [f"gpu-{i}" for i in range(4)]
-STATE_CM = "accel-health-remediator-state"
+STATE_CM = "accel-health-remediator-gates"
 CORDON = parse_policy(
     "safety: {max_disrupted_nodes: 3, storm_breaker: {enabled: false}}\n"
     "rules:\n  - {name: c, actions: [cordon], on_resolved: [uncordon]}\n"

@@ -47,7 +47,7 @@ from tests.remediator.conftest import AiohttpClient
 NS = "accel-health"
 WORK = "work"
 NODES = [f"gpu-{i}" for i in range(6)]
-STATE_CM = "accel-health-remediator-state"
+STATE_CM = "accel-health-remediator-gates"
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from tests.kube.test_reconcile import cluster_for, outcomes, webhook
 from tests.remediator.test_aws_executor import REGION, aws_client, health, make_group, session
 
 NS = "accel-health"
-STATE_CM = "accel-health-remediator-state"
+STATE_CM = "accel-health-remediator-gates"
 GPUS = [f"gpu-{i}" for i in range(10)]
 
 
