@@ -42,17 +42,22 @@ class AwsActuator:
             return ActionResult(
                 "skipped", f"no EC2 instance id in spec.providerID ({node.provider_id or 'empty'})"
             )
+        asked = bool(ctx.intent >> ctx.index & 1)  # this episode asked before (a fail-over since)
         hold = self._gates.budget.holders().get(node.name)
-        if hold is not None and "aws_set_unhealthy" in hold.kinds and hold.dry_run == ctx.dry_run:
+        if (
+            not asked
+            and hold is not None
+            and "aws_set_unhealthy" in hold.kinds
+            and hold.dry_run == ctx.dry_run
+        ):
             return ActionResult("skipped", f"{instance} already marked Unhealthy by accel-health")
         details = {"instance_id": instance, **({"escalated": why} if why else {})}
         prefix = f"{why}; " if why else ""
-        asked = bool(ctx.intent >> ctx.index & 1)
         if asked and handover and _handed_over(node, handover):
             return self._marked(
                 ctx, node, prefix, details, f"{handover}=False already set (asked for before)"
             )
-        if (held := self._gates.check(ctx, "aws_set_unhealthy", node.name)) is not None:
+        if not asked and (held := self._gates.check(ctx, "aws_set_unhealthy", node.name)) is not None:
             return held
         if handover and karpenter_managed(node):
             return await self._handover(ctx, node, handover, prefix, details)

@@ -209,13 +209,13 @@ class Engine:
         if self._synced:
             return
         nodes = await self.view.all()
-        await self.latches.load(self.gates.pause, self.gates.breaker)
         if not self.settings.dry_run:
             try:
                 if await migrate_legacy_state(cluster=self._cluster, policy=self.policy, nodes=nodes):
                     nodes = await self.view.all()
             except BackendUnavailable as exc:  # a follower (NotLeader): the leader moves it
                 logger.info("the older release's gate state not moved now (%s)", exc)
+        await self.latches.load(self.gates.pause, self.gates.breaker)
         self.gates.observe(nodes, self.view.holds(nodes))
         self.gates.rebuild_rate_limits(
             (kind, float(at)) for node in nodes for kind, at in self.view.record(node).times.items()

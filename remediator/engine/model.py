@@ -158,6 +158,7 @@ class Context:
     index: int = 0  # the action being decided (its position in the rule's actions)
     steps: int = 0  # bit i: action i of this episode decided (in memory or in the node's record)
     intent: int = 0  # bit i: the node's record says action i was asked of AWS (not yet seen done here)
+    ended: frozenset[tuple[str, int]] = frozenset()  # episodes recorded on the node that fire no more
 
     @property
     def start(self) -> int:
@@ -167,12 +168,14 @@ class Context:
     def record(self, kind: str, at: float, *, decided: bool = True) -> RecordChange | None:
         """The change to the node's record that this action's write carries (None in dry-run: a dry
         run writes nothing). Firing: the episode, with this action among its decided steps when
-        `decided`; resolved: the episode ends."""
+        `decided`; resolved: the episode ends. Either way the episodes recorded on the node that no
+        longer fire (`ended`) are forgotten in the same write."""
         if self.dry_run:
             return None
         alert = self.alert
         if alert.status == "resolved":
-            return RecordChange(kind=kind, at=int(at), forget=frozenset({(alert.fingerprint, self.start)}))
+            ended = self.ended | {(alert.fingerprint, self.start)}
+            return RecordChange(kind=kind, at=int(at), forget=ended)
         steps = self.steps | (1 << self.index) if decided else self.steps
         episode = Episode(
             fingerprint=alert.fingerprint,
@@ -181,7 +184,7 @@ class Context:
             start=self.start,
             steps=steps,
         )
-        return RecordChange(episodes=(episode,), kind=kind, at=int(at))
+        return RecordChange(episodes=(episode,), kind=kind, at=int(at), forget=self.ended)
 
 
 @dataclass(frozen=True)

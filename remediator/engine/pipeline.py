@@ -329,6 +329,12 @@ class Reconciler:
             protected=protected_reason(node, self.policy.safety) if node is not None else None,
             **extra,
         )
+        if node is not None and not dry_run:
+            firing = {c.fingerprint for c in self._firing.causes(node_name)}
+            recorded_episodes = self._view.record(node).episodes.values()
+            ctx.ended = frozenset(
+                (e.fingerprint, e.start) for e in recorded_episodes if e.fingerprint not in firing
+            )
         if alert.status == "firing":
             recorded = self._view.steps(node, rule, alert.fingerprint, ctx.start)
             ctx.intent = 0 if dry_run else recorded.intent

@@ -158,7 +158,11 @@ class NodeView:
         if annotations.get(DRAIN_STATUS) == "in-progress":
             kinds.add("drain")
         record = read(annotations) if EPISODES in annotations else NodeRecord()
-        returned = self.claimed_cordon(node) and not node.unschedulable
+        # This service cordoned it (before a replacement) and it is schedulable again: a human put
+        # it back into service, and nothing replaces it any more.
+        returned = not node.unschedulable and (
+            self.claimed_cordon(node) or "cordon" in record.times or "drain" in record.times
+        )
         if "aws_set_unhealthy" in record.times and not returned:
             kinds.add("aws_set_unhealthy")
         if not kinds:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -58,6 +59,10 @@ MAX_DIMENSIONS = 30
 """A metric has at most 30 dimensions."""
 REQUEST_BYTES_BUDGET = 900_000
 """PutMetricData requests stay under 1 MB; this leaves room for the envelope."""
+
+
+DESCRIBED_SECONDS = 10.0
+"""How long the group `health` found for an instance is used by the `set_unhealthy` that follows."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,7 @@ class AwsExecutor:
         self._cloudwatch = session.client("cloudwatch", endpoint_url=s.endpoint_url, config=config)
         self._ec2 = session.client("ec2", endpoint_url=s.endpoint_url, config=config)
         self._on_call = on_call
+        self._described: dict[str, tuple[float, str]] = {}  # instance -> (when, its group), from health()
         self.not_in_group: list[str] = []
         """Instances that set_unhealthy found in no Auto Scaling group (newest last)."""
 
@@ -178,7 +184,8 @@ class AwsExecutor:
     """This seam calls AWS."""
 
     async def health(self, instance_id: str) -> str | None:
-        """The instance's HealthStatus in its Auto Scaling group, or None when it is in no group."""
+        """The instance's HealthStatus in its Auto Scaling group, or None when it is in no group. The
+        group found is kept a few seconds, for the `set_unhealthy` that follows (one Describe, not two)."""
         page = await self._call(
             "DescribeAutoScalingInstances",
             self._autoscaling.describe_auto_scaling_instances,
@@ -186,13 +193,19 @@ class AwsExecutor:
         )
         for inst in page.get("AutoScalingInstances", []):
             if inst.get("InstanceId") == instance_id:
+                self._described[instance_id] = (time.monotonic(), str(inst["AutoScalingGroupName"]))
                 return str(inst.get("HealthStatus", "Healthy"))
+        self._described.pop(instance_id, None)
         return None
 
     async def set_unhealthy(self, instance_id: str) -> bool:
         """Mark the instance Unhealthy in its Auto Scaling group, which then replaces it. False when it
         is in no group (Karpenter, self-managed): nothing was marked and nothing will replace it."""
-        groups = await self.groups_of([instance_id])
+        seen = self._described.pop(instance_id, None)
+        if seen is not None and time.monotonic() - seen[0] < DESCRIBED_SECONDS:
+            groups = {instance_id: seen[1]}
+        else:
+            groups = await self.groups_of([instance_id])
         if instance_id not in groups:
             logger.warning("%s is in no Auto Scaling group; it cannot be marked Unhealthy", instance_id)
             self.not_in_group.append(instance_id)

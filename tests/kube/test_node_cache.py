@@ -2,8 +2,8 @@
 
 The remediator's client runs as a ServiceAccount of its own so that the audit log tells its requests
 apart. Covered: one LIST then a WATCH, a human's cordon seen through the watch; reading every node
-again converts only the nodes that changed; a firing delivery makes no LIST and, per action, one GET
-(read-modify-write), one PATCH and its Event.
+again converts only the nodes that changed; a firing delivery makes no LIST and no GET and, per
+action, one PATCH (which records the episode too) and its Event; a resend makes no request at all.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from remediator.executors.kubernetes import KubernetesCluster, KubernetesSetting
 from remediator.executors.snapshot import RecordingAws
 from remediator.payload import parse_payload
 from remediator.policy import parse_policy
+from remediator.record import EPISODES
 from tests.kube.controlplane import ControlPlane, eventually, request_of
 from tests.kube.kubelet import FakeKubelet, KubeletSettings
 
@@ -95,7 +96,7 @@ async def test_reading_every_node_converts_only_the_nodes_changed_since_the_last
         plane.admin.merge_patch("/api/v1/nodes/gpu-3", {"spec": {"unschedulable": None}})
 
 
-async def test_a_firing_delivery_makes_no_list_and_one_read_and_one_write_per_action(
+async def test_a_firing_delivery_makes_one_write_per_action_and_a_resend_none(
     plane: ControlPlane, token: str
 ) -> None:
     cluster = cluster_for(plane, token)
@@ -113,14 +114,20 @@ async def test_a_firing_delivery_makes_no_list_and_one_read_and_one_write_per_ac
         await engine.handle(parse_payload({"version": "4", "alerts": alerts}))
         assert [r.outcome for r in engine.log.records()] == ["done", "done"]
         made = requests(plane, before)
+        again = len(plane.audit(user=USER))
+        for _ in range(5):
+            await engine.handle(parse_payload({"version": "4", "alerts": alerts}))  # resends
+        resent = requests(plane, again)
+        stored = {
+            n: plane.admin.get(f"/api/v1/nodes/{n}")["metadata"]["annotations"] for n in ("gpu-0", "gpu-1")
+        }
     finally:
         await cluster.close()
         for n in ("gpu-0", "gpu-1"):
-            plane.admin.merge_patch(f"/api/v1/nodes/{n}", {"spec": {"unschedulable": None}})
-        plane.admin.delete(f"/api/v1/namespaces/{NS}/configmaps/accel-health-remediator-state")
-    assert ("list", "nodes") not in made
-    node_requests = sorted(r for r in made if r[1] == "nodes")
-    assert node_requests == [("get", "nodes")] * 2 + [("patch", "nodes")] * 2
-    # Per alert two Events (the fault seen, the cordon done); per delivery the gate state, written once.
-    others = sorted(r for r in made if r[1] != "nodes")
-    assert others == [("create", "configmaps")] + [("create", "events")] * 4
+            patch = {"spec": {"unschedulable": None}, "metadata": {"annotations": {EPISODES: None}}}
+            plane.admin.merge_patch(f"/api/v1/nodes/{n}", patch)
+    # Per action one PATCH of the node, with the episode that asked for it; its Event (the fault seen
+    # and the cordon done, in one). Nothing else: no read, no other object.
+    assert sorted(made) == [("create", "events")] * 2 + [("patch", "nodes")] * 2
+    assert all(EPISODES in annotations for annotations in stored.values())
+    assert resent == []

@@ -3,9 +3,11 @@
 A bare control plane with the kubelet stand-in; the engine runs over the real Kubernetes executor
 (admin credentials unless a test needs a narrower ServiceAccount), so preconditions, conflicts,
 managedFields, PodDisruptionBudgets and RBAC refusals are the API server's own. Covered: a replica
-that becomes leader reads the gates again (pause and budget survive a fail-over) and a stale writer
-meets a conflict instead of overwriting; one alert's resolve does not undo a hold another alert still
-firing asks for, and a reversal held so is released by the next leader; a drain deadline does not
+that becomes leader rebuilds from the nodes and reads the gates again (pause and budget survive a
+fail-over, nothing is done twice), and of two leaders at once only one cordons and records (the
+other meets the node's precondition); one alert's resolve does not undo a hold another alert still
+firing asks for, and a reversal held so is released by the next leader (from the node's record and
+one read of Alertmanager); a drain deadline does not
 override a PodDisruptionBudget, and an eviction answered 403 is a refusal, not retried; a human's
 uncordon + re-cordon is never undone, and a cordon made by someone else between the read and the
 write is not claimed; a follower neither shows nor changes the gates.
@@ -17,20 +19,22 @@ import asyncio
 import datetime
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from remediator import leader
+from remediator.alertmanager import AlertmanagerView, ShownAlert
 from remediator.app import create_app
 from remediator.cluster import Node
 from remediator.engine import Engine, EngineSettings
-from remediator.executors.kubernetes import STATE_KEY, KubernetesCluster, KubernetesSettings
+from remediator.executors.kubernetes import GATES_KEY, KubernetesCluster, KubernetesSettings
 from remediator.executors.snapshot import RecordingAws
-from remediator.payload import WebhookPayload, parse_payload
+from remediator.payload import Alert, WebhookPayload, parse_payload
 from remediator.policy import Policy, parse_policy
+from remediator.record import EPISODES
 from tests.kube.controlplane import (
     ControlPlane,
     apply_objects,
@@ -130,10 +134,17 @@ def node_obj(plane: ControlPlane, name: str) -> Obj:
     return obj
 
 
-def stored_state(plane: ControlPlane) -> dict[str, Any]:
+def stored_gates(plane: ControlPlane) -> dict[str, Any]:
     cm = plane.admin.get(f"/api/v1/namespaces/{NS}/configmaps/{STATE_CM}")
-    doc: dict[str, Any] = json.loads(cm["data"][STATE_KEY])
+    doc: dict[str, Any] = json.loads(cm["data"][GATES_KEY])
     return doc
+
+
+def episodes(plane: ControlPlane, name: str) -> dict[str, Any]:
+    """fingerprint -> [rule, alertname, startsAt, steps] of the record on the node."""
+    annotations = node_obj(plane, name)["metadata"].get("annotations") or {}
+    text = annotations.get(EPISODES)
+    return dict(json.loads(text)["e"]) if text else {}
 
 
 CORDON = parse_policy(
@@ -145,7 +156,7 @@ CORDON = parse_policy(
 # -- 1: fail-over ----------------------------------------------------------------------------------
 
 
-async def test_a_new_leader_reads_the_gates_again_so_pause_and_budget_survive_a_failover(
+async def test_a_new_leader_rebuilds_from_the_nodes_so_pause_and_budget_survive_a_failover(
     plane: ControlPlane, fresh: None
 ) -> None:
     leading = {"a": True, "b": False}
@@ -153,28 +164,37 @@ async def test_a_new_leader_reads_the_gates_again_so_pause_and_budget_survive_a_
     b_cluster = cluster_for(plane, should_act=lambda: leading["b"])
     a, b = engine_over(a_cluster, CORDON), engine_over(b_cluster, CORDON)
     try:
+        assert await a_cluster.start_cache(wait_seconds=20)
+        assert await b_cluster.start_cache(wait_seconds=20)  # a follower keeps its cache warm
         await a.start()
-        await b.start()  # the follower read the (empty) state at its start, before it led
+        await b.start()  # the follower read the (empty) gates at its start, before it led
         await a.handle(webhook(alert("gpu-0"), alert("gpu-1")))
         await a.set_paused(True, "rack maintenance")
         assert cordoned(plane) == ["gpu-0", "gpu-1"]
 
         leading.update(a=False, b=True)  # a's Lease ran out; b holds it now
         b.became_leader()
+        started = time.monotonic()
+        await b.sync()  # before it is ready: the nodes (its cache) and the gates document
+        assert time.monotonic() - started < 2
+        assert set(b.budget.holders()) == {"gpu-0", "gpu-1"}
         await b.handle(webhook(alert("gpu-2"), alert("gpu-3")))
         assert b.status().paused
         assert [o[2:] for o in outcomes(b)] == [("deferred", "pause"), ("deferred", "pause")]
         await b.set_paused(False)
         await b.handle(webhook(alert("gpu-2"), alert("gpu-3")))
         assert [o[2:] for o in outcomes(b)[-2:]] == [("deferred", "budget"), ("deferred", "budget")]
+        await b.handle(webhook(alert("gpu-0"), alert("gpu-1")))  # resends of what a did: nothing twice
+        assert [o[2:] for o in outcomes(b)[-2:]] == [("deferred", "budget"), ("deferred", "budget")]
     finally:
         await a_cluster.close()
         await b_cluster.close()
     assert cordoned(plane) == ["gpu-0", "gpu-1"]  # budget 2: never four
-    assert set(stored_state(plane)["budget"]) == {"gpu-0", "gpu-1"}
+    assert set(episodes(plane, "gpu-0")) == {"AccelGPUFatalXid-gpu-0"}
+    assert stored_gates(plane)["pause"]["paused"] is False
 
 
-async def test_a_stale_writer_meets_a_conflict_and_keeps_what_the_leader_stored(
+async def test_two_leaders_at_once_never_both_cordon_and_the_record_is_the_winners(
     plane: ControlPlane, fresh: None
 ) -> None:
     a_cluster, b_cluster = cluster_for(plane), cluster_for(plane)
@@ -182,17 +202,19 @@ async def test_a_stale_writer_meets_a_conflict_and_keeps_what_the_leader_stored(
     try:
         await a.start()
         await b.start()
-        await a.handle(webhook(alert("gpu-0")))
+        # Both believe they lead (a split second of split brain) and get the same delivery at once.
+        await asyncio.gather(a.handle(webhook(alert("gpu-0"))), b.handle(webhook(alert("gpu-0"))))
         await a.set_paused(True, "rack maintenance")
-        # b still believes it leads (a split second of split brain) and writes after a did.
-        await b.handle(webhook(alert("gpu-1")))
+        await b.set_paused(True, "from b")  # b's view is stale: it reads the gates again, re-applies
     finally:
         await a_cluster.close()
         await b_cluster.close()
-    doc = stored_state(plane)
-    assert doc["pause"]["paused"] is True  # not overwritten
-    assert set(doc["budget"]) == {"gpu-0", "gpu-1"}  # and b's own action not forgotten either
-    assert b.status().paused  # b merged what it found
+    cordons = sorted(r.outcome for e in (a, b) for r in e.log.records() if r.action == "cordon")
+    assert cordons == ["done", "skipped"]  # one cordoned; the other met the precondition and backed off
+    skipped = next(r for e in (a, b) for r in e.log.records() if r.outcome == "skipped")
+    assert "cordoned by someone else meanwhile" in skipped.reason
+    assert list(episodes(plane, "gpu-0")) == ["AccelGPUFatalXid-gpu-0"]
+    assert stored_gates(plane)["pause"]["reason"] == "from b"
 
 
 # -- 2: holds belong to causes -------------------------------------------------------------------
@@ -244,6 +266,9 @@ async def test_one_alerts_resolve_does_not_undo_a_hold_another_alert_still_firin
 async def test_a_reversal_held_by_another_cause_is_released_by_the_next_leader(
     plane: ControlPlane, fresh: None
 ) -> None:
+    """The next leader derives the held reversal from the node (the PCIe alert's episode recorded
+    with its cordon) and one read of Alertmanager (the PCIe alert no longer shown, the fatal Xid
+    still firing): the reversal is held until the last cause resolves, then released."""
     leading = {"a": True, "b": False}
     a_cluster = cluster_for(plane, should_act=lambda: leading["a"])
     b_cluster = cluster_for(plane, should_act=lambda: leading["b"])
@@ -254,11 +279,16 @@ async def test_a_reversal_held_by_another_cause_is_released_by_the_next_leader(
         await a.handle(webhook(pcie, fatal))
         await a.handle(webhook({**pcie, "status": "resolved"}, fatal))  # held: the fatal Xid fires
         assert cordoned(plane) == ["gpu-3"]
-        assert "gpu-3" in stored_state(plane)["held"]
+        # The PCIe alert's episode recorded with its condition and cordon, the fatal Xid's with its
+        # condition (the cordon was there already).
+        assert set(episodes(plane, "gpu-3")) == {"AccelPCIeErrors-gpu-3", "AccelGPUFatalXid-gpu-3"}
 
         leading.update(a=False, b=True)  # fail-over while the PCIe reversal is held
         b.became_leader()
-        await b.sync()
+        shown = parse_payload({"version": "4", "alerts": [fatal]}).alerts[0]
+        b.alertmanager = _showing(shown)
+        await b.sync()  # the nodes, then one read of Alertmanager: the PCIe alert resolved
+        assert cordoned(plane) == ["gpu-3"]  # still held by the fatal Xid
         await b.handle(webhook({**fatal, "status": "resolved"}))  # the last cause resolves
     finally:
         await a_cluster.close()
@@ -269,7 +299,17 @@ async def test_a_reversal_held_by_another_cause_is_released_by_the_next_leader(
         ("uncordon", "done"),
         ("condition", "done"),
     ]
-    assert stored_state(plane)["held"] == {}
+    assert episodes(plane, "gpu-3") == {}  # both episodes ended with the reversal's writes
+
+
+def _showing(alert_shown: Alert) -> Callable[[], Awaitable[AlertmanagerView]]:
+    """Alertmanager's API, as a new leader reads it: showing this alert alone, active."""
+
+    async def read() -> AlertmanagerView:
+        fp = alert_shown.fingerprint
+        return AlertmanagerView(alerts={fp: ShownAlert(alert=alert_shown, suppressed="")}, reached=("am",))
+
+    return read
 
 
 # -- 5: drain deadline and refusals ---------------------------------------------------------------

@@ -369,6 +369,7 @@ async def test_a_fault_that_returns_after_the_reboot_escalates_to_a_replacement(
             await loop.fault("aws-asg", starts="2025-11-22T21:00:00Z", remediation="reboot")
         finally:
             await loop.cluster.close()
+    # The group and its health read once (the instance was Healthy), then marked.
     assert calls == ["RebootInstances:ok", "DescribeAutoScalingInstances:ok", "SetInstanceHealth:ok"]
     assert health(moto, instance) == "Unhealthy"
     record = [r for r in loop.engine.log.records() if r.action == "aws_reboot"][-1]

@@ -5,7 +5,9 @@ leads; when it dies the other takes over well within 15 s; a graceful stop hands
 once; only the leader's /readyz is 200 and a follower answers /alerts with 503; and a leader that
 dies mid-drain leaves a drain the new leader resumes with the same deadline, evicting nothing twice.
 The command line's own default timing (a 15 s lease) leads too, a leader whose renewal hangs steps
-down within its renew deadline, and the Lease's times are UTC whatever the local time zone.
+down within its renew deadline, and the Lease's times are UTC whatever the local time zone. A new
+leader whose rebuild fails tries again with back-off and is ready once it succeeds; a leader paused
+past its renew deadline is fenced (writes nothing) as soon as it runs again.
 """
 
 from __future__ import annotations
@@ -260,3 +262,68 @@ async def test_the_lease_times_are_utc_whatever_the_local_time_zone(monkeypatch:
     for field in ("acquireTime", "renewTime"):
         written = datetime.datetime.fromisoformat(lease["spec"][field].replace("Z", "+00:00"))
         assert abs(written.timestamp() - time.time()) < 10, (field, lease["spec"][field])
+
+
+class FlakyReplica:
+    """A replica whose rebuild fails (the API unreachable) until `fail` is set to 0."""
+
+    def __init__(self, *, fail: int) -> None:
+        self.fail = fail
+        self.attempts = 0
+        self._synced = False
+
+    def became_leader(self) -> None:
+        self._synced = False
+
+    @property
+    def synced(self) -> bool:
+        return self._synced
+
+    async def sync(self) -> None:
+        self.attempts += 1
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("the API server is unreachable")
+        self._synced = True
+
+
+async def test_a_new_leader_whose_rebuild_fails_retries_and_is_ready_once_it_succeeds(
+    aiohttp_client: AiohttpClient,
+) -> None:
+    async with serve() as (_api, url):
+        e = elector(url, "a")
+        engine = Engine(
+            policy=load_policy(),
+            cluster=SnapshotCluster(nodes=[], pods=[], pdbs=[]),
+            aws=RecordingAws(),
+            settings=EngineSettings(dry_run=True),
+            clock=time.time,
+        )
+        app = create_app(engine=engine, token=TOKEN)
+        replica = FlakyReplica(fail=3)
+        install(app, e, replica=replica)
+        client = await aiohttp_client(app)
+        await wait_until(lambda: e.is_leader, limit=5)
+        assert (await client.get("/readyz")).status == 503  # leading, not rebuilt yet
+        took = await wait_until(lambda: replica.synced, limit=10)
+        assert replica.attempts == 4  # three failures, each retried with back-off, then success
+        assert took < 0.5 + 1 + 2 + 1  # back-off 0.5, 1, 2 s: ready within seconds of the API's return
+        assert (await client.get("/readyz")).status == 200
+        await client.close()
+        await close(e.api)
+
+
+async def test_a_leader_paused_past_its_renew_deadline_writes_nothing_when_it_runs_again() -> None:
+    async with serve() as (_api, url), campaigning(e := elector(url, "a")):
+        await wait_until(lambda: e.is_leader, limit=5)
+        election = e._election  # the test reads the renewal time the fencing uses
+        assert election is not None
+        assert election.renewed_at is not None
+        election.renewed_at -= 5  # as if the process had been stopped for 5 s (renew deadline 2 s)
+        assert not e.is_leader  # fenced at once, before its renew loop notices
+        cluster = KubernetesCluster(
+            api=k8s.ApiClient(k8s.Configuration(host=url)), should_act=lambda: e.is_leader
+        )
+        with pytest.raises(NotLeader):
+            await cluster.cordon("gpu-node-1")
+        await cluster.close()

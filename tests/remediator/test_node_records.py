@@ -1,0 +1,277 @@
+"""What the remediator must remember lives on the nodes it acts on (issue 23), over the in-memory
+cluster on an injected clock; each test stands for a defect of the gate-state document it replaced.
+
+- A restart (or fail-over) right after an action finds it recorded on the node: a cordon or a
+  taint-only hold is still this service's, still counted in the budget, released on resolve; an
+  Auto Scaling call whose intent was recorded is not made again when the instance shows it was.
+- A live service without AWS calls (no --aws) says so instead of claiming a replacement, and holds no
+  budget for it; a node handed to its provisioner gives its slot back when a human un-cordons it; the
+  budget follows a human's uncordon at once (GET /state), not at the next delivery.
+- An older release's document is moved onto the nodes once and deleted.
+- The gates document: written only when the pause or the breaker's latch change; a second writer's
+  change is read again and re-applied, never merged into a union.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from remediator.app import create_app
+from remediator.cluster import Node
+from remediator.engine import Engine, EngineSettings
+from remediator.executors.snapshot import AwsOff, RecordingAws, SnapshotCluster
+from remediator.payload import WebhookPayload, parse_payload
+from remediator.policy import parse_policy
+from remediator.record import CORDONED_BY, EPISODES, MANAGER, Episode, RecordChange, episode_start, read
+from tests.remediator.conftest import AUTH, TOKEN, AiohttpClient, CountingCluster, FakeClock
+
+GPU = ("nvidia.com/gpu",)
+STARTS = "2025-11-22T20:00:00Z"
+
+
+def cluster_of(count: int) -> SnapshotCluster:
+    nodes = [
+        Node(name=f"n{i}", provider_id=f"aws:///us-west-2a/i-{i:017x}", accelerators=GPU)
+        for i in range(count)
+    ]
+    return SnapshotCluster(nodes=nodes, pods=[], pdbs=[])
+
+
+def alert(node: str, *, status: str = "firing", name: str = "AccelGPUFatalXid") -> dict[str, Any]:
+    return {
+        "status": status,
+        "labels": {"alertname": name, "node": node},
+        "startsAt": STARTS,
+        "fingerprint": f"{name}-{node}",
+    }
+
+
+def webhook(*alerts: dict[str, Any]) -> WebhookPayload:
+    return parse_payload({"version": "4", "status": "firing", "alerts": list(alerts)})
+
+
+def engine_over(
+    cluster: SnapshotCluster | CountingCluster,
+    policy: str,
+    *,
+    clock: FakeClock,
+    aws: RecordingAws | AwsOff | None = None,
+) -> Engine:
+    return Engine(
+        policy=parse_policy(policy),
+        cluster=cluster,
+        aws=aws if aws is not None else RecordingAws(),
+        settings=EngineSettings(),
+        clock=clock,
+    )
+
+
+def outcomes(engine: Engine) -> list[tuple[str | None, str, str]]:
+    return [(r.node, r.action, r.outcome) for r in engine.log.records()]
+
+
+TAINT = """
+safety: {max_disrupted_nodes: 1}
+rules:
+  - name: t
+    actions: [{type: taint, key: accel-health.io/unhealthy, value: "true", effect: NoSchedule}]
+    on_resolved: [untaint]
+"""
+
+
+async def test_a_taint_only_hold_is_still_counted_and_still_ours_after_a_restart() -> None:
+    clock = FakeClock()
+    cluster = cluster_of(4)
+    first = engine_over(cluster, TAINT, clock=clock)
+    await first.handle(webhook(alert("n1")))
+    record = read(cluster.nodes["n1"].annotations)
+    assert list(record.episodes) == ["AccelGPUFatalXid-n1"]  # written with the taint, in one write
+
+    clock.now += 30
+    second = engine_over(cluster, TAINT, clock=clock)  # the process died right after the taint
+    await second.start()
+    assert second.budget.holders()["n1"].kinds == {"taint"}
+    assert second.budget.holders()["n1"].since == first.budget.holders()["n1"].since
+    await second.handle(webhook(alert("n2")))
+    assert outcomes(second) == [("n2", "taint", "deferred")]  # the budget of 1 is still taken
+    await second.handle(webhook(alert("n1", status="resolved")))
+    assert cluster.nodes["n1"].taints == ()  # it knew the taint was its own
+    assert EPISODES not in cluster.nodes["n1"].annotations  # the episode ended with the untaint
+    assert second.budget.in_use == 0
+
+
+REPLACE = """
+safety: {max_disrupted_nodes: 2}
+rules:
+  - {name: r, actions: [cordon, aws_set_unhealthy], on_resolved: []}
+"""
+
+
+async def test_an_auto_scaling_call_asked_for_before_a_failover_is_not_made_again() -> None:
+    clock = FakeClock()
+    cluster = cluster_of(4)
+    aws = RecordingAws()  # AWS itself: what it was told outlives the remediator's processes
+    first = engine_over(cluster, REPLACE, clock=clock, aws=aws)
+    await first.handle(webhook(alert("n1")))
+    assert [op for op, _ in aws.calls] == ["SetInstanceHealth"]
+
+    second = engine_over(cluster, REPLACE, clock=clock, aws=aws)  # a new leader, nothing in memory
+    await second.start()
+    for _ in range(3):
+        await second.handle(webhook(alert("n1")))  # Alertmanager resends
+    assert [op for op, _ in aws.calls] == ["SetInstanceHealth"]  # asked of AWS once, in all
+    assert outcomes(second) == [("n1", "aws_set_unhealthy", "done")]
+    assert "asked for before a fail-over" in second.log.records()[0].reason
+
+
+async def test_an_intent_recorded_whose_call_never_went_out_is_made_by_the_next_leader() -> None:
+    clock = FakeClock()
+    cluster = cluster_of(4)
+    await cluster.cordon("n1")
+    policy = parse_policy(REPLACE)
+    # The write that recorded the intent went through; the process died before the call.
+    intent = RecordChange(
+        episodes=(
+            Episode(
+                fingerprint="AccelGPUFatalXid-n1",
+                rule=policy.rules[0].name,
+                alertname="AccelGPUFatalXid",
+                start=episode_start(STARTS),
+                steps=0b11,
+            ),
+        ),
+        kind="aws_set_unhealthy",
+        at=int(clock.now),
+    )
+    await cluster.annotate_node("n1", {}, record=intent)
+    aws = RecordingAws()
+    engine = engine_over(cluster, REPLACE, clock=clock, aws=aws)
+    await engine.handle(webhook(alert("n1")))
+    assert [op for op, _ in aws.calls] == ["SetInstanceHealth"]  # the instance was Healthy: asked now
+    await engine.handle(webhook(alert("n1")))
+    assert [op for op, _ in aws.calls] == ["SetInstanceHealth"]
+
+
+async def test_without_aws_calls_a_live_service_says_so_and_claims_no_replacement() -> None:
+    clock = FakeClock()
+    cluster = cluster_of(4)
+    policy = "safety: {max_disrupted_nodes: 1}\nrules:\n  - {name: r, actions: [aws_set_unhealthy]}\n"
+    engine = engine_over(cluster, policy, clock=clock, aws=AwsOff())
+    await engine.handle(webhook(alert("n1")))
+    [record] = engine.log.records()
+    assert (record.action, record.outcome) == ("aws_set_unhealthy", "skipped")
+    assert "AWS calls are off" in record.reason
+    assert "nothing replaces the node" in record.reason
+    assert not [e for e in cluster.events if e["reason"] == "AccelInstanceMarkedUnhealthy"]
+    assert engine.budget.in_use == 0  # no slot held for a replacement that never comes
+    await engine.handle(webhook(alert("n2")))
+    assert outcomes(engine)[-1] == ("n2", "aws_set_unhealthy", "skipped")  # not deferred by budget
+
+
+async def test_a_node_handed_over_gives_its_slot_back_when_a_human_uncordons_it(
+    aiohttp_client: AiohttpClient,
+) -> None:
+    clock = FakeClock()
+    cluster = cluster_of(4)
+    for name in ("n1", "n2"):
+        labels = {"karpenter.sh/nodepool": "p5"}
+        cluster.nodes[name] = Node(
+            name=name, labels=labels, provider_id=cluster.nodes[name].provider_id, accelerators=GPU
+        )
+    policy = (
+        "safety: {max_disrupted_nodes: 1}\n"
+        "rules:\n  - {name: r, actions: [cordon, {type: aws_set_unhealthy, handover_condition: X}]}\n"
+    )
+    engine = engine_over(cluster, policy, clock=clock)
+    client = await aiohttp_client(create_app(engine=engine, token=TOKEN))
+    await engine.handle(webhook(alert("n1")))
+    assert ("X", "False") in [(c.type, c.status) for c in cluster.nodes["n1"].conditions]
+    state = await (await client.get("/state", headers=AUTH)).json()
+    assert state["budget"]["in_use"] == 1
+
+    await cluster.uncordon("n1")  # a human put it back into service
+    state = await (await client.get("/state", headers=AUTH)).json()  # no delivery in between
+    assert state["budget"]["in_use"] == 0
+    await engine.handle(webhook(alert("n2")))
+    assert outcomes(engine)[-2:] == [("n2", "cordon", "done"), ("n2", "aws_set_unhealthy", "done")]
+
+
+async def test_an_older_releases_document_is_moved_onto_the_nodes_once_and_deleted() -> None:
+    clock = FakeClock()
+    cluster = cluster_of(4)
+    await cluster.cordon("n1")  # what the older release did: the cordon and its ownership annotation
+    assert cluster.nodes["n1"].annotations[CORDONED_BY] == MANAGER
+    cluster.legacy_state = json.dumps(
+        {
+            "version": 1,
+            "pause": {"paused": True, "since": 5.0, "reason": "from the old release"},
+            "breaker": {"open": False, "opened_at": 0, "trips": 2, "eligible": 4, "alerting": 1},
+            "budget": {"n1": {"since": 1_700_000_000.0, "kinds": ["cordon"]}},
+            "cordoned": ["n1"],
+            "decided": ["0123456789abcdef"],
+            "firing": {
+                "n1": {
+                    "AccelGPUFatalXid-n1": {
+                        "alertname": "AccelGPUFatalXid",
+                        "rule": "c",
+                        "holds": ["cordon"],
+                        "expires": 1_700_009_999.0,
+                        "labels": {"alertname": "AccelGPUFatalXid", "node": "n1"},
+                        "startsAt": "2025-11-22T20:00:00.000Z",
+                    }
+                }
+            },
+        }
+    )
+    policy = "rules: [{name: c, actions: [condition, cordon], on_resolved: [uncordon]}]"
+    engine = engine_over(cluster, policy, clock=clock)
+    await engine.start()
+    assert await cluster.load_legacy_state() is None  # read once, then deleted
+    record = read(cluster.nodes["n1"].annotations)
+    assert record.episodes["AccelGPUFatalXid-n1"].steps == 0b11  # cordon shown, so the condition before it
+    assert engine.status().paused  # the switch moved to the gates document
+    assert json.loads(cluster.gates or "{}")["breaker"]["trips"] == 2
+    await engine.set_paused(False)
+    await engine.handle(webhook(alert("n1")))  # a resend: nothing twice
+    assert [m for m in cluster.mutations if m.startswith(("cordon", "condition"))] == ["cordon n1"]
+    await engine.handle(webhook(alert("n1", status="resolved")))
+    assert not cluster.nodes["n1"].unschedulable
+
+
+async def test_the_gates_are_written_only_when_they_change_and_a_conflict_reapplies_the_change() -> None:
+    clock = FakeClock()
+    cluster = cluster_of(10)
+    counting = CountingCluster(cluster)
+    engine = engine_over(counting, "rules: [{name: c, actions: [cordon]}]", clock=clock)
+    await engine.handle(webhook(*(alert(f"n{i}") for i in range(4))))  # 40 %: the breaker opens
+    assert counting.calls["save_gates"] == 1
+    for _ in range(20):
+        await engine.handle(webhook(*(alert(f"n{i}") for i in range(4))))
+    assert counting.calls["save_gates"] == 1  # still open: nothing to write
+    await engine.set_paused(True, "one")
+    await engine.set_paused(True, "one again")  # already paused: the reason is not worth a write
+    assert counting.calls["save_gates"] == 2
+    assert len(cluster.gates or "") <= 1024
+
+    other = engine_over(cluster, "rules: [{name: c, actions: [cordon]}]", clock=clock)
+    await other.start()
+    assert other.status().paused
+    assert other.status().breaker_open
+    await other.set_paused(False)  # an operator resumes through the other replica
+    doc = json.loads(cluster.gates or "{}")
+    assert doc["pause"]["paused"] is False
+    assert doc["breaker"]["open"] is True  # the latch it found is kept, not replaced by a stale one
+
+
+async def test_a_node_condition_false_is_written_with_the_quarantine_record_in_one_write() -> None:
+    clock = FakeClock()
+    cluster = cluster_of(3)
+    counting = CountingCluster(cluster)
+    engine = engine_over(counting, "rules: [{name: c, actions: [condition, cordon]}]", clock=clock)
+    await engine.handle(webhook(alert("n1")))
+    node = cluster.nodes["n1"]
+    assert ("AcceleratorHealthy", "False") in [(c.type, c.status) for c in node.conditions]
+    assert json.loads(node.annotations["accel-health.io/quarantine"])["alerts"] == ["AccelGPUFatalXid"]
+    assert counting.calls["annotate_node"] == 0  # the condition's own write carried it
+    assert counting.calls["set_condition"] == 1
