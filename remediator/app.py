@@ -27,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from remediator.alertmanager import AlertmanagerPoller
 from remediator.cluster import BackendUnavailable
 from remediator.engine import Engine
+from remediator.holds import as_json, held_nodes
 from remediator.metrics import RemediatorMetrics
 from remediator.payload import PayloadError, parse_body
 
@@ -166,6 +167,7 @@ async def show_state(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     await engine.refresh()  # the nodes as they are now: a human's uncordon shows at once
     body = engine.status().as_json()
+    body["holds"] = as_json(held_nodes(await engine.view.all(), engine.policy))
     body["dry_run"] = engine.settings.dry_run
     body["pending"] = [p.as_json() for p in engine.pending.values()]
     return web.json_response(body)

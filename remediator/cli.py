@@ -1,9 +1,11 @@
-"""`accel-health-remediator [serve] ...` and `accel-health-remediator explain ...`."""
+"""`accel-health-remediator [serve] ...`, `accel-health-remediator explain ...` and
+`accel-health-remediator holds ...`."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import ssl
@@ -24,12 +26,15 @@ from remediator.alertmanager import (
     AlertmanagerSettings,
 )
 from remediator.app import ENGINE, MAX_BODY_BYTES, create_app
-from remediator.cluster import Aws, Cluster
+from remediator.cluster import Aws, BackendUnavailable, Cluster, Node
 from remediator.engine import AlertPlan, Engine, EngineSettings
 from remediator.executors import kubernetes as executors_kubernetes
 from remediator.executors.aws import AwsExecutor, AwsSettings
 from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings
 from remediator.executors.snapshot import AwsOff, RecordingAws, SnapshotCluster, SnapshotError
+from remediator.holds import as_json as holds_json
+from remediator.holds import as_text as holds_text
+from remediator.holds import held_nodes
 from remediator.payload import PayloadError, parse_body
 from remediator.policy import Policy, PolicyError, load_policy
 from remediator.repair import ExporterChecks, exporter_pod_endpoint, url_template_endpoint
@@ -199,6 +204,50 @@ def _serve_parser() -> argparse.ArgumentParser:
         help="extra dimension on every metric, e.g. Cluster=prod-a (repeatable)",
     )
     return parser
+
+
+def _holds_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="accel-health-remediator holds",
+        description="List the nodes accel-health holds, from the nodes alone (their records): since when, "
+        "what of its is on each, and per alert episode the steps done and the next one.",
+    )
+    parser.add_argument("--config", type=Path, help="policy YAML (default: the shipped default policy)")
+    parser.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: as client-go finds one)")
+    parser.add_argument("--context", help="kubeconfig context (default: the current one)")
+    parser.add_argument("--cluster-snapshot", type=Path, help="read the nodes from this snapshot instead")
+    parser.add_argument("--json", action="store_true", help="JSON, one key per node")
+    return parser
+
+
+async def _read_nodes(args: argparse.Namespace) -> list[Node]:
+    try:
+        found = await KubernetesCluster.configuration(kubeconfig=args.kubeconfig, context=args.context)
+    except ValueError as exc:
+        raise UsageError(f"{exc} (pass --kubeconfig or --cluster-snapshot FILE)") from exc
+    cluster = KubernetesCluster(api=k8s.ApiClient(found.configuration))
+    try:
+        return await cluster.list_nodes()
+    except BackendUnavailable as exc:
+        raise UsageError(f"cannot list the nodes: {exc}") from exc
+    finally:
+        await cluster.close()
+
+
+def holds(argv: Sequence[str], *, out: TextIO) -> int:
+    args = _holds_parser().parse_args(argv)
+    policy = _load_policy(args.config)
+    if args.cluster_snapshot is not None:
+        _, snapshot = _load(args.config, args.cluster_snapshot)
+        nodes = list(snapshot.nodes.values())
+    else:
+        nodes = asyncio.run(_read_nodes(args))
+    held = held_nodes(nodes, policy)
+    if args.json:
+        print(json.dumps(holds_json(held), indent=2, sort_keys=True), file=out)
+    else:
+        print(holds_text(held), end="", file=out)
+    return 0
 
 
 def _explain_parser() -> argparse.ArgumentParser:
@@ -571,6 +620,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args and args[0] == "explain":
             return explain(args[1:], out=sys.stdout)
+        if args and args[0] == "holds":
+            return holds(args[1:], out=sys.stdout)
         if args and args[0] == "serve":
             args = args[1:]
         return serve(args)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import io
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -25,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from remediator import leader
+from remediator import cli, leader
 from remediator.alertmanager import AlertmanagerView, ShownAlert
 from remediator.app import create_app
 from remediator.cluster import Node
@@ -192,6 +193,13 @@ async def test_a_new_leader_rebuilds_from_the_nodes_so_pause_and_budget_survive_
     assert cordoned(plane) == ["gpu-0", "gpu-1"]  # budget 2: never four
     assert set(episodes(plane, "gpu-0")) == {"AccelGPUFatalXid-gpu-0"}
     assert stored_gates(plane)["pause"]["paused"] is False
+    # What it holds, read from the nodes alone by the command an operator runs.
+    out = io.StringIO()
+    await asyncio.to_thread(cli.holds, ["--kubeconfig", str(plane.kubeconfig), "--json"], out=out)
+    held = json.loads(out.getvalue())
+    assert sorted(held) == ["gpu-0", "gpu-1"]
+    assert held["gpu-0"]["marks"] == ["cordon"]
+    assert [e["alertname"] for e in held["gpu-0"]["episodes"]] == ["AccelGPUFatalXid"]
 
 
 async def test_two_leaders_at_once_never_both_cordon_and_the_record_is_the_winners(

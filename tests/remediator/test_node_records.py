@@ -10,13 +10,19 @@ cluster on an injected clock; each test stands for a defect of the gate-state do
 - An older release's document is moved onto the nodes once and deleted.
 - The gates document: written only when the pause or the breaker's latch change; a second writer's
   change is read again and re-applied, never merged into a union.
+- The nodes held are listed from the nodes alone (`accel-health-remediator holds`, GET /state).
 """
 
 from __future__ import annotations
 
+import io
 import json
+from pathlib import Path
 from typing import Any
 
+import yaml
+
+from remediator import cli
 from remediator.app import create_app
 from remediator.cluster import Node
 from remediator.engine import Engine, EngineSettings
@@ -275,3 +281,57 @@ async def test_a_node_condition_false_is_written_with_the_quarantine_record_in_o
     assert json.loads(node.annotations["accel-health.io/quarantine"])["alerts"] == ["AccelGPUFatalXid"]
     assert counting.calls["annotate_node"] == 0  # the condition's own write carried it
     assert counting.calls["set_condition"] == 1
+
+
+async def test_the_nodes_held_are_listed_from_the_nodes_alone_by_the_command_and_the_state(
+    aiohttp_client: AiohttpClient, tmp_path: Path
+) -> None:
+    clock = FakeClock()
+    cluster = cluster_of(4)
+    policy = "rules: [{name: c, actions: [condition, cordon, event]}]"
+    engine = engine_over(cluster, policy, clock=clock)
+    await engine.handle(webhook(alert("n1")))
+    client = await aiohttp_client(create_app(engine=engine, token=TOKEN))
+    state = await (await client.get("/state", headers=AUTH)).json()
+    assert state["holds"] == {
+        "n1": {
+            "since": "2023-11-14T22:13:20Z",
+            "marks": ["cordon"],
+            "episodes": [
+                {
+                    "alertname": "AccelGPUFatalXid",
+                    "fingerprint": "AccelGPUFatalXid-n1",
+                    "rule": "c",
+                    "startsAt": "2025-11-22T20:00:00Z",
+                    "done": ["condition", "cordon"],  # the event is not recorded: it writes no node
+                    "next": "event",
+                }
+            ],
+        }
+    }
+    # The command reads the nodes only: a snapshot of them, as `kubectl get nodes -o yaml` gives.
+    items = [_node_object(n) for n in cluster.nodes.values()]
+    snapshot = tmp_path / "nodes.yaml"
+    snapshot.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items}))
+    (tmp_path / "policy.yaml").write_text(policy)
+    out = io.StringIO()
+    args = ["--cluster-snapshot", str(snapshot), "--config", str(tmp_path / "policy.yaml")]
+    assert cli.holds(args, out=out) == 0
+    assert out.getvalue() == (
+        "n1  since 2023-11-14T22:13:20Z  [cordon]\n"
+        "  AccelGPUFatalXid (rule c, started 2025-11-22T20:00:00Z, AccelGPUFatalXid-n1): done condition, "
+        "cordon; next event\n"
+    )
+    out = io.StringIO()
+    assert cli.holds([*args, "--json"], out=out) == 0
+    assert json.loads(out.getvalue()) == state["holds"]
+
+
+def _node_object(node: Node) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": node.name, "annotations": dict(node.annotations), "labels": dict(node.labels)},
+        "spec": {"unschedulable": node.unschedulable, "providerID": node.provider_id},
+        "status": {"capacity": {"nvidia.com/gpu": "8"}},
+    }
