@@ -176,7 +176,10 @@ def count(made: list[tuple[str, str]]) -> dict[str, int]:
         "requests": len(made),
         "node": sum(1 for _, r in writes if r in ("nodes", "nodes/status")),
         "event": sum(1 for _, r in writes if r == "events"),
-        "other": sum(1 for _, r in writes if r not in ("nodes", "nodes/status", "events")),
+        # The repair loop's durable copy of a quarantine (one ConfigMap per quarantined node, under
+        # 1 KiB: created when the quarantine starts, deleted when it ends); not the delivery's.
+        "copy": sum(1 for _, r in writes if r == "configmaps"),
+        "other": sum(1 for _, r in writes if r not in ("nodes", "nodes/status", "events", "configmaps")),
     }
 
 
@@ -204,7 +207,8 @@ async def writes_per_action(plane: ControlPlane, workdir: Path, token: str) -> b
         ]
         print(f"Part 1: writes per action, {NODES} nodes, the remediator as a process of its own")
         print(
-            f"{'delivery':30} {'actions':>7} {'requests':>8} {'node writes':>11} {'Events':>6} {'other':>5}"
+            f"{'delivery':30} {'actions':>7} {'requests':>8} {'node writes':>11} {'Events':>6} "
+            + f"{'other':>5} {'quarantine copies':>17}"
         )
         async with aiohttp.ClientSession() as session:
             for label, body, acts in steps:
@@ -216,7 +220,7 @@ async def writes_per_action(plane: ControlPlane, workdir: Path, token: str) -> b
                 actions = _node_actions(after[len(before) :])
                 print(
                     f"{label:30} {actions:7d} {made['requests']:8d} {made['node']:11d} "
-                    + f"{made['event']:6d} {made['other']:5d}"
+                    + f"{made['event']:6d} {made['other']:5d} {made['copy']:17d}"
                 )
                 if status != 200:
                     ok = False
@@ -315,7 +319,7 @@ async def many_alerts(plane: ControlPlane, workdir: Path, token: str) -> bool:
     print(f"Part 2: {total} firing alerts with 16 labels on {NODES} nodes, one delivery per node")
     print(
         f"  first deliveries: {len(first)} in {took:.0f} s; requests {made['requests']}, "
-        + f"node writes {made['node']}, other writes {made['other']}"
+        + f"node writes {made['node']}, other writes {made['other']}, quarantine copies {made['copy']}"
     )
     print(f"  answers: {dict(codes)}")
     print(

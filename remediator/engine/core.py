@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
 from typing import Any
 
 from remediator.alertmanager import AlertmanagerView
@@ -25,7 +26,7 @@ from remediator.engine.stored import made_up_payload, resolved_alert
 from remediator.payload import Alert, WebhookPayload
 from remediator.policy import Drain, Policy, Selection
 from remediator.record import DRAIN_STATUS, Episode, starts_at_text
-from remediator.repair import QUARANTINE, quarantine_annotations
+from remediator.repair import QUARANTINE, REPAIR_FAILED, quarantine_annotations
 from remediator.safety import DisruptionBudget
 
 logger = logging.getLogger("remediator.decisions")
@@ -141,18 +142,23 @@ class Engine:
         """The alerts firing now on `node` (the repair loop waits until none holds it)."""
         return self.firing.causes(node)
 
-    def _quarantine(self, node: Node, ctx: Any) -> dict[str, str]:
-        """The repair loop's record of a quarantine starting now (remediator/repair.py), carried by
-        the write that sets the condition False: the loop then finds it and writes nothing on the node."""
+    def _quarantine(self, node: Node, ctx: Any, status: str) -> dict[str, str | None]:
+        """The repair loop's record of a quarantine (remediator/repair.py), in the write that sets the
+        condition: started by status False, ended by True. The loop then finds it as it should be and
+        writes nothing on the node (it keeps or drops its durable copy)."""
+        if status != "False":
+            return dict.fromkeys((k for k in (QUARANTINE, REPAIR_FAILED) if k in node.annotations), None)
         if QUARANTINE in node.annotations:
             return {}
-        return quarantine_annotations(
+        started: dict[str, str | None] = {}
+        started |= quarantine_annotations(
             node,
             causes=self.firing.causes(node.name),
             now=self._clock(),
             window_seconds=self.policy.repair.window_seconds,
             reason=ctx.alert.labels.get("alertname", ""),
         )
+        return started
 
     # -- leadership and the rebuild ----------------------------------------------------------------
 
@@ -289,12 +295,16 @@ class Engine:
             quiet: list[Alert] = []
             for shown in view.alerts.values():
                 if shown.suppressed:
-                    self.firing.touch(shown.alert.labels.get(label, ""), shown.alert.fingerprint)
+                    node, fingerprint = shown.alert.labels.get(label, ""), shown.alert.fingerprint
+                    self.firing.touch(node, fingerprint, ends_at=_unix(shown.alert.ends_at))
                     quiet.append(shown.alert)
+            # Not shown any more: resolved, once the endsAt last shown for it (if any) has passed; a
+            # member that restarted a moment ago shows nothing until Prometheus resends.
+            now = self._clock()
             resolved = [
-                resolved_alert(cause.fingerprint, cause.labels, cause.starts_at, self._clock())
+                resolved_alert(cause.fingerprint, cause.labels, cause.starts_at, now)
                 for _, cause in self.firing.all()
-                if cause.fingerprint not in view.alerts
+                if cause.fingerprint not in view.alerts and cause.ends_at <= now
             ]
         plans = [
             self.reconciler.suppressed_plan(
@@ -331,6 +341,7 @@ class Engine:
                     rule=rule,
                     labels=alert.labels,
                     starts_at=alert.starts_at,
+                    ends_at=_unix(alert.ends_at),
                 )
                 acting = True
         if acting:
@@ -446,6 +457,15 @@ class Engine:
             # Only the Kubernetes executor has optional APIs; the Cluster seam does not require it.
             api_unavailable=dict(getattr(self._cluster, "api_unavailable", {})),
         )
+
+
+def _unix(timestamp: str) -> float:
+    """An endsAt as unix seconds; 0 for none, for the zero time webhooks send, or for garbage."""
+    try:
+        value = datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+    return max(value, 0.0)
 
 
 def _alert_of(episode: Episode, *, node: str, label: str) -> Alert:

@@ -14,8 +14,9 @@ from remediator.engine.model import ActionResult, Context
 from remediator.engine.records import NodeView
 from remediator.policy import AddTaint, RemoveTaint, SetCondition
 
-Quarantine = Callable[[Node, Context], Mapping[str, str | None]]
-"""The annotations the condition's own write adds when it takes a node out (the repair loop's record)."""
+Quarantine = Callable[[Node, Context, str], Mapping[str, str | None]]
+"""(node, context, condition status) -> the annotations the condition's own write carries: the repair
+loop's record of a quarantine starting (status False), or its removal (True: the quarantine ended)."""
 
 
 def done(ctx: Context, text: str, *, would: str, details: Mapping[str, Any] | None = None) -> ActionResult:
@@ -95,7 +96,7 @@ class NodeActuator:
         if (held := self._gates.check(ctx, "condition", node.name)) is not None:
             return held
         if not ctx.dry_run:
-            extra = self._quarantine(node, ctx) if self._quarantine and status == "False" else None
+            extra = self._quarantine(node, ctx, status) if self._quarantine else None
             await self._cluster.set_condition(
                 node.name, cond, record=ctx.record("condition", self._clock()), annotations=extra
             )
