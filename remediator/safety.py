@@ -408,12 +408,18 @@ class DisruptionBudget:
         last observed: they count against the budget too, as MHC's maxUnhealthy counts them."""
 
     def observe(
-        self, nodes: Iterable[Node], settings: SafetySettings, *, holds: Mapping[str, Hold] | None = None
+        self,
+        nodes: Iterable[Node],
+        settings: SafetySettings,
+        *,
+        holds: Mapping[str, Hold] | None = None,
+        judged: bool = False,
     ) -> None:
         """Take the eligible nodes, those already out of service and (`holds`, derived from the
         nodes themselves) this service's live holds from the cluster as it is now. Holds of dry-run
-        decisions are kept: nothing on the nodes shows them."""
-        listed = [n for n in nodes if eligible(n, settings)]
+        decisions are kept: nothing on the nodes shows them. `judged`: `nodes` are the eligible ones
+        already (the caller judged them)."""
+        listed = list(nodes) if judged else [n for n in nodes if eligible(n, settings)]
         self.eligible = len(listed)
         if holds is not None:
             dry = {n: h for n, h in self._holds.items() if h.dry_run and n not in holds}

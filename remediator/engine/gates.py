@@ -97,6 +97,8 @@ class Gates:
         """The rules' own budgets over the nodes their selectors cover (observed with the nodes)."""
         self.eligible_nodes: set[str] | None = None
         """The eligible nodes as last observed (None before the first observation)."""
+        self._eligible: dict[str, tuple[Node, bool]] = {}
+        # name -> (node object, eligible?): each node object is judged once (see NodeView.holds)
 
     # -- observed state ------------------------------------------------------------------------
 
@@ -104,8 +106,19 @@ class Gates:
         """Take the eligible nodes, those out of service and this service's holds from the cluster
         as it is now."""
         listed = list(nodes)
-        self.eligible_nodes = {n.name for n in listed if eligible(n, self._safety)}
-        self.budget.observe(listed, self._safety, holds=holds)
+        memo = self._eligible
+        judged = []
+        for node in listed:
+            cached = memo.get(node.name)
+            if cached is None or cached[0] is not node:
+                cached = memo[node.name] = (node, eligible(node, self._safety))
+            if cached[1]:
+                judged.append(node)
+        if len(memo) > 2 * len(listed) + 100:  # nodes gone: forget them now and then
+            names = {n.name for n in listed}
+            self._eligible = {k: v for k, v in memo.items() if k in names}
+        self.eligible_nodes = {n.name for n in judged}
+        self.budget.observe(judged, self._safety, holds=holds, judged=True)
         self.scoped.observe(listed, self._safety)
         self.breaker.evaluate(eligible=len(self.eligible_nodes))
 

@@ -10,7 +10,7 @@ runs, and when each kind of action last ran (the rate limits of a new leader).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from remediator.cluster import Cluster, Node, Taint
@@ -78,6 +78,10 @@ class NodeView:
         self.manager = manager
         self.dry = DryRun()
         """What dry-run decisions pretended to do."""
+        self._holds: dict[str, tuple[Node, Hold | None]] = {}
+        # name -> (the node object last derived from, its hold): a node object is derived once (the
+        # Kubernetes executor converts each version of a node once; the snapshot replaces a node on
+        # every change), so deriving every node's hold costs a pass over the list, not a decode each.
 
     async def get(self, name: str) -> Node | None:
         """The node (None when it does not exist)."""
@@ -171,16 +175,24 @@ class NodeView:
         since = float(min(times)) if times else parse_rfc3339(annotations.get(CORDONED_AT, "")) or 0.0
         return Hold(since=since, dry_run=False, kinds=kinds)
 
-    def holds(self, nodes: Iterable[Node]) -> dict[str, Hold]:
+    def holds(self, nodes: Sequence[Node]) -> dict[str, Hold]:
         """node -> its hold, for every node this service holds now (live decisions only)."""
         out = {}
+        memo = self._holds
         for node in nodes:
-            annotations = node.annotations
-            if not (self.claimed_cordon(node) or any(k in annotations for k in OURS)):
-                continue
-            hold = self.hold(node)
+            cached = memo.get(node.name)
+            if cached is not None and cached[0] is node:
+                hold = cached[1]
+            else:
+                annotations = node.annotations
+                ours = self.claimed_cordon(node) or any(k in annotations for k in OURS)
+                hold = self.hold(node) if ours else None
+                memo[node.name] = (node, hold)
             if hold is not None:
                 out[node.name] = hold
+        if len(memo) > 2 * len(nodes) + 100:  # nodes gone: forget them now and then
+            names = {n.name for n in nodes}
+            self._holds = {k: v for k, v in memo.items() if k in names}
         return out
 
 
