@@ -221,6 +221,34 @@ def _taint_json(taint: Taint) -> dict[str, str]:
     return out
 
 
+NODE_STATUS_UNREAD = ("images", "volumesInUse", "volumesAttached", "daemonEndpoints", "config")
+"""Parts of a node's status the remediator never reads. `images` alone is tens of KB on a GPU node
+with many images: kept for 2,000 nodes it would be most of the service's memory."""
+
+
+def trim_node(obj: dict[str, Any]) -> dict[str, Any]:
+    """A node as the cache keeps it: without the status the remediator never reads, and with
+    managedFields cut down to who manages `spec.unschedulable` (what `manages_unschedulable` reads)."""
+    status = obj.get("status")
+    meta = obj.get("metadata")
+    if not isinstance(status, dict) or not isinstance(meta, dict):
+        return obj
+    out = dict(obj)
+    out["status"] = {k: v for k, v in status.items() if k not in NODE_STATUS_UNREAD}
+    entries = meta.get("managedFields")
+    if isinstance(entries, list):
+        kept: list[dict[str, Any]] = []
+        for entry in entries:
+            if not isinstance(entry, dict):
+                continue
+            fields_v1 = entry.get("fieldsV1")
+            spec = (fields_v1.get("f:spec") or {}) if isinstance(fields_v1, dict) else {}
+            fields: dict[str, Any] = {"f:spec": {"f:unschedulable": {}}} if "f:unschedulable" in spec else {}
+            kept.append({"manager": entry.get("manager"), "fieldsV1": fields})
+        out["metadata"] = {**meta, "managedFields": kept}
+    return out
+
+
 def manages_unschedulable(obj: Mapping[str, Any], manager: str) -> bool:
     """Does `manager` still own spec.unschedulable, per the API server's managedFields? (True when the
     server records no managedFields at all: then only the annotation can tell.)"""
@@ -274,6 +302,7 @@ class KubernetesCluster:
             what="nodes",
             list_all=self._list_nodes_with_version,
             watch=self._core.list_node_without_preload_content,
+            trim=trim_node,
             watch_seconds=self.settings.watch_seconds,
         )
         """The watch-backed node cache; reads come from it once `start_cache()` synced it."""

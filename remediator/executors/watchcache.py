@@ -99,6 +99,10 @@ def _event(line: bytes, what: str) -> Mapping[str, Any]:
     return event
 
 
+def _keep(obj: dict[str, Any]) -> dict[str, Any]:
+    return obj
+
+
 class WatchCache:
     """Objects of one kind (optionally narrowed by a field selector), kept current by a watch.
 
@@ -113,6 +117,7 @@ class WatchCache:
         watch: Callable[..., Awaitable[Any]],
         watch_args: Mapping[str, Any] | None = None,
         key: KeyOf = name_key,
+        trim: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         watch_seconds: int = 300,
         retry_seconds: float = 1.0,
         max_retry_seconds: float = 30.0,
@@ -125,6 +130,8 @@ class WatchCache:
         self._watch_method = watch
         self._watch_args = dict(watch_args or {})
         self._key = key
+        self._trim = trim if trim is not None else _keep
+        """What is kept of each object (the node cache drops what the remediator never reads)."""
         self._watch_seconds = watch_seconds
         self._retry_seconds = retry_seconds
         self._max_retry_seconds = max_retry_seconds
@@ -211,7 +218,7 @@ class WatchCache:
         """An object as the API just answered a write or a read: newer than what is cached, or ignored."""
         key = self._key(obj)
         if key is not None and self.synced and _newer(obj, self._objects.get(key)):
-            self._objects[key] = dict(obj)
+            self._objects[key] = self._trim(dict(obj))
             self._touch()
 
     def forget(self, key: Hashable) -> None:
@@ -235,7 +242,7 @@ class WatchCache:
         for obj in items:
             key = self._key(obj)
             if key is not None:
-                objects[key] = obj
+                objects[key] = self._trim(obj)
         self._objects = objects
         self._version = version
         self.failures = 0
@@ -271,7 +278,7 @@ class WatchCache:
         if kind == "DELETED":
             self._objects.pop(key, None)
         elif _newer(obj, self._objects.get(key)):
-            self._objects[key] = obj
+            self._objects[key] = self._trim(obj)
         self._touch()
 
     async def _watch(self) -> int:

@@ -10,6 +10,7 @@ connection refused), and the webhook keeping the intent across an outage without
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,7 +21,13 @@ from kubernetes.aio import client as k8s
 from remediator.app import create_app
 from remediator.cluster import BackendUnavailable, DrainSettings, EvictionResult, NodeCondition, Taint
 from remediator.engine import Engine, EngineSettings
-from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings, NotLeader
+from remediator.executors.kubernetes import (
+    KubernetesCluster,
+    KubernetesSettings,
+    NotLeader,
+    manages_unschedulable,
+    trim_node,
+)
 from remediator.executors.snapshot import RecordingAws
 from remediator.policy import load_policy
 from remediator.record import CORDONED_BY, DRAIN_BLOCKED, DRAIN_DEADLINE, DRAIN_STATUS, TAINTS_ADDED
@@ -490,3 +497,23 @@ async def test_the_webhook_answers_503_while_the_api_fails_and_acts_once_when_it
     after = [(r.subresource, r.data) for r in list(api)[seen:] if str(r.method.value) == "PATCH"]
     assert [sub for sub, _ in after] == ["status", None]  # the condition and the cordon, once each
     assert after[1][1]["spec"] == {"unschedulable": True}
+
+
+def test_the_node_cache_keeps_what_the_remediator_reads_and_not_a_nodes_image_list() -> None:
+    obj = node("gpu-1")
+    obj["status"]["images"] = [{"names": [f"registry/image-{i}:latest"], "sizeBytes": i} for i in range(500)]
+    obj["metadata"]["managedFields"] = [
+        {"manager": "kubelet", "operation": "Update", "fieldsV1": {"f:status": {"f:images": {}}}},
+        {"manager": "accel-health-remediator", "fieldsV1": {"f:spec": {"f:unschedulable": {}}}},
+    ]
+    kept = trim_node(obj)
+    assert "images" not in kept["status"]
+    assert kept["status"]["conditions"] == obj["status"]["conditions"]
+    assert len(json.dumps(kept)) < len(json.dumps(obj)) / 10
+    # Who manages spec.unschedulable reads the same from what is kept.
+    assert manages_unschedulable(kept, "accel-health-remediator")
+    assert not manages_unschedulable(kept, "kubelet")
+    assert manages_unschedulable(obj, "accel-health-remediator") == manages_unschedulable(
+        kept, "accel-health-remediator"
+    )
+    assert "images" in obj["status"]  # the object read is not changed
