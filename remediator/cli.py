@@ -29,7 +29,6 @@ from remediator.app import ENGINE, MAX_BODY_BYTES, create_app
 from remediator.cluster import Aws, BackendUnavailable, Cluster, Node
 from remediator.engine import AlertPlan, Engine, EngineSettings
 from remediator.executors import kubernetes as executors_kubernetes
-from remediator.executors.aws import AwsExecutor, AwsSettings
 from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings
 from remediator.executors.snapshot import AwsOff, RecordingAws, SnapshotCluster, SnapshotError
 from remediator.holds import as_json as holds_json
@@ -292,6 +291,9 @@ def _aws(args: argparse.Namespace, *, acts: bool) -> Aws:
         dims[name] = value
     if args.aws_max_attempts < 1:
         raise UsageError("--aws-max-attempts must be at least 1")
+    # boto3 is imported only by a service that calls AWS (about 8 MiB of memory otherwise spent).
+    from remediator.executors.aws import AwsExecutor, AwsSettings  # noqa: PLC0415  see above
+
     return AwsExecutor(
         settings=AwsSettings(
             region=args.aws_region,

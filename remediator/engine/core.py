@@ -339,7 +339,8 @@ class Engine:
                     fingerprint=alert.fingerprint,
                     alertname=alert.labels.get("alertname", ""),
                     rule=rule,
-                    labels=alert.labels,
+                    # What a resolve made up later needs (its rule is the cause's): not every label.
+                    labels={k: v for k, v in alert.labels.items() if k in ("alertname", label)},
                     starts_at=alert.starts_at,
                     ends_at=_unix(alert.ends_at),
                 )
