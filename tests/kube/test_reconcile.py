@@ -31,7 +31,7 @@ from remediator.alertmanager import AlertmanagerView, ShownAlert
 from remediator.app import create_app
 from remediator.cluster import Node
 from remediator.engine import Engine, EngineSettings
-from remediator.executors.kubernetes import GATES_KEY, KubernetesCluster, KubernetesSettings
+from remediator.executors.kubernetes import GATES_KEY, STATE_KEY, KubernetesCluster, KubernetesSettings
 from remediator.executors.snapshot import RecordingAws
 from remediator.payload import Alert, WebhookPayload, parse_payload
 from remediator.policy import Policy, parse_policy
@@ -446,6 +446,53 @@ def narrow_service_account(plane: ControlPlane) -> str:
             if exc.status != 409:
                 raise
     return plane.service_account_token(NS, "no-evict")
+
+
+# -- an older release's document -------------------------------------------------------------------
+
+
+async def test_an_older_releases_configmap_is_moved_onto_the_nodes_and_deleted_by_the_first_leader(
+    plane: ControlPlane, fresh: None
+) -> None:
+    legacy = f"/api/v1/namespaces/{NS}/configmaps/accel-health-remediator-state"
+    doc = {
+        "version": 1,
+        "pause": {"paused": False, "since": 0, "reason": ""},
+        "breaker": {"open": False, "opened_at": 0, "trips": 4},
+        "budget": {"gpu-4": {"since": 1_700_000_000.0, "kinds": ["cordon"]}},
+        "cordoned": ["gpu-4"],
+        "decided": ["0123456789abcdef"],
+        "firing": {
+            "gpu-4": {
+                "AccelGPUFatalXid-gpu-4": {
+                    "alertname": "AccelGPUFatalXid",
+                    "rule": "c",
+                    "holds": ["cordon"],
+                    "expires": 1_700_009_999.0,
+                    "labels": {"alertname": "AccelGPUFatalXid", "node": "gpu-4"},
+                    "startsAt": "2025-11-22T20:00:00.000Z",
+                }
+            }
+        },
+    }
+    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "accel-health-remediator-state"}}
+    plane.admin.create(f"/api/v1/namespaces/{NS}/configmaps", {**body, "data": {STATE_KEY: json.dumps(doc)}})
+    cluster = cluster_for(plane)
+    engine = engine_over(cluster, CORDON)
+    try:
+        await cluster.cordon("gpu-4")  # as the older release cordoned: its annotation, its field manager
+        await engine.start()
+        assert not plane.admin.exists(legacy)  # read once, then deleted
+        assert set(episodes(plane, "gpu-4")) == {"AccelGPUFatalXid-gpu-4"}
+        assert stored_gates(plane)["breaker"]["trips"] == 4
+        assert set(engine.budget.holders()) == {"gpu-4"}
+        await engine.handle(webhook(alert("gpu-4")))  # a resend after the upgrade: nothing twice
+        assert [r.outcome for r in engine.log.records()] == []
+        await engine.handle(webhook(alert("gpu-4", status="resolved")))
+    finally:
+        await cluster.close()
+    assert cordoned(plane) == []  # the upgraded service knew the cordon was its own
+    assert episodes(plane, "gpu-4") == {}
 
 
 # -- 8: nobody touched it since ------------------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ import yaml
 from remediator import cli
 from remediator.alertmanager import AlertmanagerView, ShownAlert
 from remediator.app import create_app
-from remediator.cluster import Node
+from remediator.cluster import BackendUnavailable, Node
 from remediator.engine import Engine, EngineSettings
 from remediator.executors.snapshot import AwsOff, RecordingAws, SnapshotCluster
 from remediator.payload import WebhookPayload, parse_payload
@@ -361,3 +362,46 @@ async def test_an_alert_missing_from_one_read_of_alertmanager_resolves_only_once
     clock.now += 200
     await engine.reconcile(empty)
     assert not cluster.nodes["n1"].unschedulable  # gone from the API past its endsAt: resolved
+
+
+async def test_a_delivery_whose_actions_were_done_is_answered_200_even_when_the_gates_cannot_be_written(
+    aiohttp_client: AiohttpClient,
+) -> None:
+    """Issue 23: a failed save of the old document turned a delivery whose cordons already ran into a
+    503 (and every later one). Now the record is the action's own write; the gates document (here:
+    the breaker opening) is saved with the next change when it cannot be now."""
+
+    class GatesDown(SnapshotCluster):
+        async def save_gates(self, document: Mapping[str, Any]) -> None:
+            raise BackendUnavailable("etcd quota exceeded")
+
+    nodes = [Node(name=f"n{i}", accelerators=GPU) for i in range(10)]
+    cluster = GatesDown(nodes=nodes, pods=[], pdbs=[])
+    policy = "rules: [{name: c, actions: [cordon]}]"
+    engine = engine_over(cluster, policy, clock=FakeClock())
+    client = await aiohttp_client(create_app(engine=engine, token=TOKEN))
+    first = {"version": "4", "status": "firing", "alerts": [alert("n1")]}
+    assert (await client.post("/alerts", json=first, headers=AUTH)).status == 200
+    assert cluster.nodes["n1"].unschedulable
+    storm = {"version": "4", "status": "firing", "alerts": [alert(f"n{i}") for i in range(2, 6)]}
+    assert (await client.post("/alerts", json=storm, headers=AUTH)).status == 200  # the breaker opens
+    assert engine.status().breaker_open
+    assert (await client.post("/alerts", json=first, headers=AUTH)).status == 200  # and after it too
+
+
+async def test_idempotency_outlives_the_processes_memory_the_node_remembers_the_steps() -> None:
+    """Issue 23: the idempotency keys were an LRU of 20,000, so keys of a long episode fell out and
+    were decided again after a fail-over. The steps are on the node now, whatever memory forgot."""
+    clock = FakeClock()
+    cluster = cluster_of(4)
+    counting = CountingCluster(cluster)
+    engine = engine_over(counting, "rules: [{name: c, actions: [condition, cordon, event]}]", clock=clock)
+    await engine.handle(webhook(alert("n1")))
+    engine.decided._keys.clear()  # the process forgot every key (an LRU overflowing, a restart)
+    calls = dict(counting.calls)
+    await engine.handle(webhook(alert("n1")))
+    assert counting.calls["set_condition"] == calls["set_condition"] == 1
+    assert counting.calls["cordon"] == calls["cordon"] == 1
+    # Events write no node: a process that forgot may tell again that the fault was seen, and run the
+    # event action, the one step the node does not record.
+    assert counting.calls["record_event"] == calls["record_event"] + 2
