@@ -6,7 +6,7 @@ over the real Kubernetes executor, as a ServiceAccount of its own (bound to clus
 only what it asks for is measured), so the API server's audit log tells its requests apart.
 
 1. Requests per delivery. After the start (one LIST and one WATCH of nodes for the cache, one read of
-   the gate state), webhook payloads are delivered one after another: two faults firing, resends of
+   the gates ConfigMap), webhook payloads are delivered one after another: two faults firing, resends of
    them, a new episode of one (new startsAt), a resolve and its resend, 100 faults at once of which
    the disruption budget defers most, their resend, and Alertmanager's API v2 view of the same alerts.
    For each, the requests the remediator made are counted from the audit log, by verb and resource,
@@ -18,16 +18,17 @@ only what it asks for is measured), so the API server's audit log tells its requ
 
 2. Decision latency for 1,000 firing alerts (on 1,000 nodes other than part 1's): Alertmanager's API v2
    view reconciled (`Engine.reconcile`) and the same alerts as one webhook (`Engine.handle`), each
-   with a fresh engine (gate state and nodes set back between runs), in dry-run and enforce, with the
-   storm breaker off (only the budget caps: every node gets its condition, 2 are cordoned) and with
-   the shipped default policy (1,000 of 2,000 nodes alerting is a storm: its breaker opens and nothing
-   runs). Prints p50, p95 (of 5 runs: the slowest) and max over `--runs` runs, the requests made and
-   the size of the gate-state document. Target: <= 1 s for a decision without writes; with writes,
-   what the API server's round trips cost (reported).
+   with a fresh engine (the gates ConfigMap and the nodes set back between runs), in dry-run and
+   enforce, with the storm breaker off (only the budget caps: every node gets its condition, 2 are
+   cordoned) and with the shipped default policy (1,000 of 2,000 nodes alerting is a storm: its
+   breaker opens and nothing runs). Prints p50, p95 (of 5 runs: the slowest) and max over `--runs`
+   runs, the requests made and the largest annotations of this service on a node (its record).
+   Target: <= 1 s for a decision without writes; with writes, what the API server's round trips
+   cost (reported).
 
 3. One alert per delivery: Alertmanager's shipped routing groups by node, so a storm arrives as many
    small deliveries, each paying what any delivery costs at 2,000 nodes (every node read for the
-   budget and the breaker, the gate state written when it changed). 100 new faults on nodes of their
+   budget and the breaker, the node's record written with each action). 100 new faults on nodes of their
    own, then 100 resends; p50, p95 and max, and the requests per delivery. Reported.
 
 Needs root (the harness) and the control plane binaries (scripts/build-control-plane.sh). Other work
@@ -136,7 +137,7 @@ def executor(plane: ControlPlane, token: str) -> KubernetesCluster:
 
 def reset(plane: ControlPlane, names: set[str]) -> None:
     """Nodes in `names` as they were (no cordon, annotation or condition of the remediator) and no
-    stored gate state: the next engine starts from scratch."""
+    gates ConfigMap: the next engine starts from scratch."""
     try:
         plane.admin.delete(f"/api/v1/namespaces/{NS}/configmaps/{STATE_CM}")
     except ApiError as exc:
@@ -283,9 +284,7 @@ async def requests_per_delivery(plane: ControlPlane, token: str) -> bool:
     try:
         assert await cluster.start_cache(wait_seconds=120), "the node cache did not sync"
         await engine.start()
-        rows.append(
-            ("start (node cache, gate state read)", True, 0, {**count(await audit.settle()), "doc": 0})
-        )
+        rows.append(("start (node cache, gates read)", True, 0, {**count(await audit.settle()), "doc": 0}))
         hundred = [alert_doc(i) for i in range(100, 200)]
         two = [alert_doc(0), alert_doc(1)]
         episode = alert_doc(0, starts="2025-11-22T20:30:00.000Z")
@@ -317,7 +316,7 @@ async def requests_per_delivery(plane: ControlPlane, token: str) -> bool:
     print(f"Part 1: API requests per delivery, {NODES} nodes, enforce (as {USER})")
     print(
         f"{'delivery':38} {'actions':>7} {'LIST':>4} {'GET':>4} {'writes':>6} {'node':>4}"
-        f" {'Event':>5} {'state':>5} {'doc KB':>6}  {'writes/action':>13} {'w/o Events':>10}"
+        f" {'Event':>5} {'gates':>5} {'record KB':>9}  {'writes/action':>13} {'w/o Events':>10}"
     )
     lists = worst = worst_events = 0.0
     quiet_writes = 0
@@ -325,7 +324,7 @@ async def requests_per_delivery(plane: ControlPlane, token: str) -> bool:
         plain = c["writes"] - c["event"]
         print(
             f"{label:38} {actions:7d} {c['list']:4d} {c['get']:4d} {c['writes']:6d}"
-            f" {c['node']:4d} {c['event']:5d} {c['state']:5d} {c['doc'] / 1024:6.1f}"
+            f" {c['node']:4d} {c['event']:5d} {c['state']:5d} {c['doc'] / 1024:9.1f}"
             f"  {_ratio(c['writes'], actions):>13}"
             f" {_ratio(plain, actions):>10}"
         )
@@ -346,7 +345,7 @@ async def requests_per_delivery(plane: ControlPlane, token: str) -> bool:
         print(f"    {label}: {c['detail'] or 'none'}")
     ok = lists == 0 and worst <= 2 and quiet_writes == 0
     print(
-        f"goal: no LIST after the start ({lists:.0f}), <= 2 writes per action (node and gate state: "
+        f"goal: no LIST after the start ({lists:.0f}), <= 2 writes per action (node and gates: "
         f"{worst:.2f}; with the Events of `events: all`: {worst_events:.2f}), none for a delivery that "
         f"brings nothing new ({quiet_writes}): " + ("met" if ok else "MISSED")
     )
@@ -451,7 +450,7 @@ async def decision_latency(plane: ControlPlane, token: str, runs: int) -> float:
                     f"{last.deferred} deferred; {last.requests['list']} LIST, {last.requests['get']} GET, "
                     f"{last.requests['writes']} writes ({last.requests['node']} node, "
                     f"{last.requests['event']} Event, {last.requests['state']} state); "
-                    f"gate-state document {last.doc / 1024:.0f} KB"
+                    f"largest record on a node {last.doc / 1024:.1f} KB"
                 )
                 print("    runs: " + ", ".join(f"{t:.2f}" for t in times))
                 if last.requests["writes"] == 0:
@@ -471,7 +470,7 @@ async def decision_latency(plane: ControlPlane, token: str, runs: int) -> float:
 async def small_deliveries(plane: ControlPlane, token: str, count_: int) -> float:
     """Alertmanager's shipped routing groups by node: a storm is many one-node deliveries, each paying
     what a delivery costs whatever its size (reading every node for the budget and the breaker,
-    writing the gate state)."""
+    writing the node's record)."""
     cluster = executor(plane, token)
     engine = Engine(
         policy=BUDGET_ONLY, cluster=cluster, aws=RecordingAws(), settings=EngineSettings(), clock=time.time
