@@ -60,10 +60,6 @@ class Cause:
     """The alert's labels (to decide its resolve when Alertmanager no longer shows it)."""
     starts_at: str = ""
     """Its startsAt (part of the idempotency key of that resolve)."""
-    ends_at: float = 0.0
-    """The endsAt Alertmanager's API last showed for it (unix seconds; 0 when unknown: webhooks zero
-    it for firing alerts). Until it passes, an alert missing from one read of the API (a member that
-    just restarted, a read between two members' views) is not taken for resolved."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -94,14 +90,9 @@ class FiringSet:
         rule: Rule,
         labels: Mapping[str, str] | None = None,
         starts_at: str = "",
-        ends_at: float = 0.0,
     ) -> None:
-        """A delivery says this alert fires: (re)start its expiry. `ends_at`: the endsAt it carries
-        when that is real (Alertmanager's API); a delivery without one keeps the last one known."""
+        """A delivery says this alert fires: (re)start its expiry."""
         expires = self._clock() + self.expiry_seconds
-        old = self._causes.get(node, {}).get(fingerprint)
-        if not ends_at and old is not None and old.starts_at == starts_at:
-            ends_at = old.ends_at
         cause = Cause(
             fingerprint=fingerprint,
             alertname=alertname,
@@ -110,17 +101,15 @@ class FiringSet:
             expires=expires,
             labels=dict(labels or {}),
             starts_at=starts_at,
-            ends_at=ends_at,
         )
         self._causes.setdefault(node, {})[fingerprint] = cause
         self._next_expiry = min(self._next_expiry, expires)
 
-    def touch(self, node: str, fingerprint: str, *, ends_at: float = 0.0) -> None:
+    def touch(self, node: str, fingerprint: str) -> None:
         """Alertmanager still shows this alert (silenced or inhibited): keep it, restart its expiry."""
         cause = self._causes.get(node, {}).get(fingerprint)
         if cause is not None:
             cause.expires = self._clock() + self.expiry_seconds
-            cause.ends_at = ends_at or cause.ends_at
 
     def known(self, node: str, fingerprint: str) -> Cause | None:
         """The cause of this alert on `node`, if it fires now."""

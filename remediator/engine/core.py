@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime
 from typing import Any
 
 from remediator.alertmanager import AlertmanagerView
@@ -295,16 +294,16 @@ class Engine:
             quiet: list[Alert] = []
             for shown in view.alerts.values():
                 if shown.suppressed:
-                    node, fingerprint = shown.alert.labels.get(label, ""), shown.alert.fingerprint
-                    self.firing.touch(node, fingerprint, ends_at=_unix(shown.alert.ends_at))
+                    self.firing.touch(shown.alert.labels.get(label, ""), shown.alert.fingerprint)
                     quiet.append(shown.alert)
-            # Not shown any more: resolved, once the endsAt last shown for it (if any) has passed; a
-            # member that restarted a moment ago shows nothing until Prometheus resends.
+            # Not shown any more: resolved (the API does not list resolved alerts, so absence is
+            # all there is to tell; every member of the cluster is read, so one that restarted a
+            # moment ago and shows nothing yet is outvoted by the others).
             now = self._clock()
             resolved = [
                 resolved_alert(cause.fingerprint, cause.labels, cause.starts_at, now)
                 for _, cause in self.firing.all()
-                if cause.fingerprint not in view.alerts and cause.ends_at <= now
+                if cause.fingerprint not in view.alerts
             ]
         plans = [
             self.reconciler.suppressed_plan(
@@ -342,7 +341,6 @@ class Engine:
                     # What a resolve made up later needs (its rule is the cause's): not every label.
                     labels={k: v for k, v in alert.labels.items() if k in ("alertname", label)},
                     starts_at=alert.starts_at,
-                    ends_at=_unix(alert.ends_at),
                 )
                 acting = True
         if acting:
@@ -458,15 +456,6 @@ class Engine:
             # Only the Kubernetes executor has optional APIs; the Cluster seam does not require it.
             api_unavailable=dict(getattr(self._cluster, "api_unavailable", {})),
         )
-
-
-def _unix(timestamp: str) -> float:
-    """An endsAt as unix seconds; 0 for none, for the zero time webhooks send, or for garbage."""
-    try:
-        value = datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
-    return max(value, 0.0)
 
 
 def _alert_of(episode: Episode, *, node: str, label: str) -> Alert:

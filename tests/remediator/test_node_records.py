@@ -11,8 +11,6 @@ cluster on an injected clock; each test stands for a defect of the gate-state do
 - The gates document: written only when the pause or the breaker's latch change; a second writer's
   change is read again and re-applied, never merged into a union.
 - The nodes held are listed from the nodes alone (`accel-health-remediator holds`, GET /state).
-- An alert missing from one read of Alertmanager's API resolves only once the endsAt it last showed
-  has passed (a member that just restarted shows nothing until Prometheus resends).
 """
 
 from __future__ import annotations
@@ -20,14 +18,12 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from remediator import cli
-from remediator.alertmanager import AlertmanagerView, ShownAlert
 from remediator.app import create_app
 from remediator.cluster import BackendUnavailable, Node
 from remediator.engine import Engine, EngineSettings
@@ -340,28 +336,6 @@ def _node_object(node: Node) -> dict[str, Any]:
         "spec": {"unschedulable": node.unschedulable, "providerID": node.provider_id},
         "status": {"capacity": {"nvidia.com/gpu": "8"}},
     }
-
-
-async def test_an_alert_missing_from_one_read_of_alertmanager_resolves_only_once_its_ends_at_passed() -> None:
-    clock = FakeClock()
-    cluster = cluster_of(3)
-    policy = "rules: [{name: c, actions: [cordon], on_resolved: [uncordon]}]"
-    engine = engine_over(cluster, policy, clock=clock)
-    shown = {
-        **alert("n1"),
-        "endsAt": datetime.fromtimestamp(clock.now + 240, tz=UTC).isoformat().replace("+00:00", "Z"),
-    }
-    firing = parse_payload({"version": "4", "alerts": [shown]}).alerts[0]
-    view = AlertmanagerView(alerts={firing.fingerprint: ShownAlert(firing, "")}, reached=("am-0",))
-    await engine.reconcile(view)
-    assert cluster.nodes["n1"].unschedulable
-    empty = AlertmanagerView(alerts={}, reached=("am-1",))  # a member that restarted a moment ago
-    clock.now += 60
-    await engine.reconcile(empty)
-    assert cluster.nodes["n1"].unschedulable  # its endsAt (4 min on) has not passed: still firing
-    clock.now += 200
-    await engine.reconcile(empty)
-    assert not cluster.nodes["n1"].unschedulable  # gone from the API past its endsAt: resolved
 
 
 async def test_a_delivery_whose_actions_were_done_is_answered_200_even_when_the_gates_cannot_be_written(
