@@ -1170,17 +1170,22 @@ class KubernetesCluster:
         """Cordon (claiming it, if this service flips it) and record the drain's start in one write."""
 
         def change(current: dict[str, Any]) -> dict[str, Any] | None:
-            annotations: dict[str, str | None] = dict(stamp)
-            patch: dict[str, Any] = {}
-            if not current.get("spec", {}).get("unschedulable"):
-                annotations |= {CORDONED_BY: self.settings.manager, CORDONED_AT: rfc3339(self._clock())}
-                patch["spec"] = {"unschedulable": True}
-            annotations |= _record_annotation(record, current)
-            if not annotations:
-                return None
-            return {**patch, "metadata": {"annotations": annotations}}
+            return self._drain_patch(current, stamp, record)
 
         await self._modify_node(node, "cordon and record drain start", change, current=obj)
+
+    def _drain_patch(
+        self, obj: Mapping[str, Any], stamp: Mapping[str, str | None], record: RecordChange | None
+    ) -> dict[str, Any] | None:
+        """The patch that cordons the node (claiming the cordon when it flips it) with `stamp` (the
+        drain's annotations) and `record` applied; None when it changes nothing."""
+        annotations: dict[str, str | None] = dict(stamp)
+        patch: dict[str, Any] = {}
+        if not obj.get("spec", {}).get("unschedulable"):
+            annotations |= {CORDONED_BY: self.settings.manager, CORDONED_AT: rfc3339(self._clock())}
+            patch["spec"] = {"unschedulable": True}
+        annotations |= _record_annotation(record, obj)
+        return {**patch, "metadata": {"annotations": annotations}} if annotations else None
 
     async def start_drain(
         self, node: str, settings: DrainSettings, *, record: RecordChange | None = None
@@ -1194,13 +1199,7 @@ class KubernetesCluster:
         def change(obj: dict[str, Any]) -> dict[str, Any] | None:
             nonlocal deadline, resumed
             deadline, resumed, stamp = self._drain_window(obj, settings.timeout_seconds)
-            annotations: dict[str, str | None] = dict(stamp)
-            patch: dict[str, Any] = {}
-            if not obj.get("spec", {}).get("unschedulable"):
-                annotations |= {CORDONED_BY: self.settings.manager, CORDONED_AT: rfc3339(self._clock())}
-                patch["spec"] = {"unschedulable": True}
-            annotations |= _record_annotation(record, obj)
-            return {**patch, "metadata": {"annotations": annotations}} if annotations else None
+            return self._drain_patch(obj, stamp, record)
 
         await self._modify_node(node, "start drain", change)
         self._started_here[node] = (deadline, resumed)
