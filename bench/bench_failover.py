@@ -1,55 +1,64 @@
 """Fail-over of the remediator on the real API server at 2,000 nodes (issue 23, figures 5 and 6).
 
 A real control plane (tests/kube: etcd, kube-apiserver, kube-controller-manager) holds 2,000
-accelerator nodes. The remediator runs as shipped, `accel-health-remediator serve` in processes of
-their own, two replicas with leader election on the Lease (`--lease-duration 4`: renew deadline
-2.7 s, retry period 1 s), each as a ServiceAccount of its own (bound to cluster-admin) so that the API
-server's audit log tells their requests apart, each reading Alertmanager's API v2 as the shipped
-Deployment does. Alertmanager is played by this benchmark: faults fire and resolve on random nodes
-by a seeded script (about one a second, each for 20 to 120 s, so 40 to 80 nodes alert at once
+accelerator nodes, each an instance of one Auto Scaling group in moto's server (spec.providerID).
+The remediator runs as shipped, `accel-health-remediator serve` in processes of their own: two
+replicas with leader election on the Lease (`--lease-duration 4`: renew deadline 2.7 s, retry period
+1 s), each as a ServiceAccount of its own (bound to cluster-admin) so that the API server's audit log
+tells their requests apart, each reading Alertmanager's API v2 as the shipped Deployment does, with
+`--aws` against moto. Alertmanager is played by this benchmark: faults fire and resolve on random
+nodes by a seeded script (about one a second, each for 20 to 120 s, so 40 to 80 nodes alert at once
 against a budget of 20); its API v2 serves the alerts firing now; its webhook deliveries (one group
-per node, as the shipped routing) go to whichever replica's /readyz is 200, are retried until one
-answers 200, resent every minute, and a resolve is sometimes resent. The policy: condition, cordon,
-taint; on resolve uncordon, untaint, condition; at most 20 nodes disrupted; no storm breaker.
+per node, as the shipped routing) go to the replica whose /readyz is 200 (as a Service would), are
+retried until one answers 200, resent every minute, and a resolve is sometimes resent. The policy:
+condition, cordon, taint, aws_set_unhealthy; on resolve uncordon, untaint, condition; at most 20
+nodes disrupted; no storm breaker; no Events, no drains (no pods on the nodes), no reboots.
 
 Figure 5, fail-over time:
 - `--kills` times (default 20), at a random moment 0.5 to 5 s after both replicas are up, the leader
-  (the replica whose /readyz is 200, checked against the Lease's holderIdentity) gets SIGKILL. The
-  Lease is polled every 50 ms (its holderIdentity and acquireTime), both replicas' /readyz too.
+  (the replica whose /readyz is 200 and whose identity the Lease's holderIdentity shows) gets
+  SIGKILL. The Lease is read every 50 ms (holderIdentity, acquireTime), both replicas' /readyz too.
   Printed per kill: the Lease taken (acquireTime) after the kill, the new leader's /readyz 200 after
   it took the Lease, and after the kill; p50 and max. Goal: ready <= 2 s after taking the Lease. A
   replacement replica is started once the new leader is ready, so two always run.
-- A failed read at election, `--failed-reads` times (default 3): the follower is replaced by one whose
-  API server is a fault-injecting proxy; with the faults on, every request of it but the Lease's is
-  answered 503 (its watch of the nodes, open before, keeps streaming); the leader gets SIGKILL; the
-  faulty replica takes the Lease, its rebuild fails (the gates ConfigMap read), /readyz stays 503;
-  2 to 8 s later the faults stop ("the API comes back"). Printed: the failed rebuilds (its log) and
-  its /readyz 200 after the API came back. Goal: <= 10 s.
+- A failed read at election, `--failed-reads` times (default 3): the follower is replaced by one that
+  reaches the API server through a fault-injecting proxy; with the faults on, every request of it
+  but the Lease's is answered 503 (its watch of the nodes, open before, keeps streaming); the leader
+  gets SIGKILL; the faulty replica takes the Lease, its rebuild fails (the gates ConfigMap read) and
+  is retried with back-off, /readyz stays 503; 2 to 8 s after the takeover the faults stop ("the API
+  comes back"). Printed: the failed rebuilds (its log) and its /readyz 200 after the API came back.
+  Goal: <= 10 s.
 
 Figure 6, the invariants across those kills and with two leaders at once. The benchmark watches
-every node (admin) and checks:
+every node (as admin) and checks:
 - every cordon (spec.unschedulable false -> true) and every taint of the policy appearing is made by
   a write that carries this service's ownership annotation and records the episode it is for
-  (`accel-health.io/episodes`: an episode whose cordon / taint step is newly decided in that write);
-- per node and episode (fingerprint + startsAt) at most one cordon and one taint over the whole run;
+  (`accel-health.io/episodes`: an episode whose cordon or taint step is newly decided in that write);
+- per node and episode (fingerprint + startsAt) at most one cordon, one taint and one
+  SetInstanceHealth over the whole run (moto's calls, through a counting proxy, each counted for the
+  episodes whose intent the node's record showed);
 - every second: the nodes this service holds (cordoned by it, or carrying a taint it added) are at
-  most the budget, and each names an episode whose step put it there;
+  most the budget, and each carries the record of an episode of the rule that cordons and taints;
 - two leaders at once, `--stops` times (default 3): the leader gets SIGSTOP at a random moment (a
-  replica paused past its Lease: it still believes it leads), a webhook delivery is queued to it,
-  the other replica takes over and acts; then SIGCONT. The paused replica must write nothing once it
-  runs again (the audit log: writes by its ServiceAccount received after SIGCONT), and the queued
-  delivery must not be answered 200;
+  replica paused past its Lease: when it runs again it still believes it leads), a webhook delivery
+  of new faults is queued to it, the other replica takes over and acts; then SIGCONT. The paused
+  replica must write nothing once it runs again (the audit log: writes by its ServiceAccount
+  received after SIGCONT), and the queued delivery must not be answered 200;
+- two leaders at once, `--partitions` times (default 3): the leader's requests to the Lease fail
+  (through the proxy) while everything else, webhook deliveries included, still reaches it. It must
+  stop (/readyz not 200, no write in the audit log) before the other replica's acquireTime;
 - once every alert resolved (the script stops, every firing alert is resolved and delivered), nothing
   of this service is left on any node (cordon, taint, annotation) within 60 s;
 - a fail-over at minute 5 ends in the same state as the run without it: the same seeded script of
   `--compare-seconds` (default 360; faults arrive until 90 s before its end, last 30 to 80 s, and 12
-  of them never resolve) is played twice on a clean cluster with fresh replicas, once with the
-  leader killed at `--compare-kill-at` (default 300 s); after the script and a resend of every group,
-  the cordons, taints and condition statuses of every node are compared.
+  of them never resolve) is played twice on a clean cluster (nodes reset, instances Healthy) with
+  fresh replicas, once with the leader killed at `--compare-kill-at` (default 300 s); after the
+  script and a resend of every group, the cordons, taints and condition statuses of every node are
+  compared, and the invariants above are checked in both runs.
 
-Needs root (the harness) and the control-plane binaries (scripts/build-control-plane.sh). Other work
-on the machine makes timings noisy: compare runs taken together. `--nodes 200 --kills 3` for a quick
-look; `--workdir DIR` keeps the processes' logs.
+Needs root (the harness), the control-plane binaries (scripts/build-control-plane.sh) and moto's
+server (the test extra). Other work on the machine makes timings noisy. `--nodes 200 --kills 3
+--compare-seconds 120 --compare-kill-at 60` for a quick look; `--workdir DIR` keeps every log.
 """
 
 from __future__ import annotations
@@ -67,6 +76,8 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.parse
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -76,6 +87,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import boto3
 import yaml
 from aiohttp import web
 
@@ -110,8 +122,9 @@ TAINT_KEY = "accel-health.io/unhealthy"
 TAINT = taint_id(TAINT_KEY, "NoSchedule")
 BUDGET = 20
 RULE = "fault"
-STEP_CORDON, STEP_TAINT = 1, 2
-"""Indices of the cordon and the taint among the rule's actions (the record's step bits)."""
+STEP_CORDON, STEP_TAINT, STEP_AWS = 1, 2, 3
+"""Indices of the cordon, the taint and aws_set_unhealthy among the rule's actions (the record's
+step bits)."""
 POLICY = f"""
 safety: {{max_disrupted_nodes: {BUDGET}, storm_breaker: {{enabled: false}}}}
 events: none
@@ -122,11 +135,20 @@ rules:
       - {{type: condition, condition_type: {CONDITION}}}
       - cordon
       - {{type: taint, key: {TAINT_KEY}, value: "true", effect: NoSchedule}}
+      - aws_set_unhealthy
     on_resolved:
       - uncordon
       - {{type: untaint, key: {TAINT_KEY}}}
       - {{type: condition, condition_type: {CONDITION}}}
 """
+REGION = "us-west-2"
+AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": REGION,
+}
+"""moto's: any credentials do."""
 ALERTNAMES = ("AccelGPUFatalXid", "AccelGPURowRemapFailure", "AccelInfinibandLinkDown")
 SCRIPT_EPOCH = 1_764_000_000
 """The script's time 0 as startsAt (2025-11-24): the same alerts, fingerprints and startsAt in both
@@ -175,16 +197,19 @@ class Account:
         return f"system:serviceaccount:{NS}:{self.name}"
 
 
-def populate(plane: ControlPlane, workdir: Path, nodes: int) -> None:
-    """`nodes` accelerator nodes (8 `nvidia.com/gpu` each), as bench_reconcile_api makes them."""
+def populate(plane: ControlPlane, workdir: Path, instances: list[str]) -> None:
+    """An accelerator node (8 `nvidia.com/gpu`, as bench_reconcile_api makes them) per EC2 instance."""
     fake = FakeKubelet(plane=plane, workdir=workdir)
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(
             pool.map(
                 lambda i: fake.add_node(
-                    node_name(i), labels={"pool": "gpu"}, capacity={"nvidia.com/gpu": "8"}
+                    node_name(i),
+                    labels={"pool": "gpu"},
+                    capacity={"nvidia.com/gpu": "8"},
+                    provider_id=f"aws:///{REGION}a/{instances[i]}",
                 ),
-                range(nodes),
+                range(len(instances)),
             )
         )
 
@@ -235,6 +260,7 @@ class Replica:
         workdir: Path,
         account: Account,
         alertmanager: str,
+        aws: str,
         server: str | None = None,
     ) -> None:
         self.name = name
@@ -263,14 +289,19 @@ class Replica:
             f"--token-file={workdir / 'token'}",
             f"--lease-duration={LEASE_SECONDS}",
             f"--alertmanager-url={alertmanager}",
+            "--aws",
+            f"--aws-endpoint-url={aws}",
+            f"--aws-region={REGION}",
             "--log-level=info",
         ]
-        env = {**os.environ, "POD_NAMESPACE": NS}
+        env = {**os.environ, **AWS_ENV, "POD_NAMESPACE": NS}
         self.process: Process = spawn(name, argv, log_dir=workdir, env=env)
         self.ready = False
         """/readyz answered 200 at the last read."""
         self.ready_at = 0.0
         """When /readyz last turned 200 (unix time of the answer)."""
+        self.unready_at = 0.0
+        """When /readyz last stopped answering 200."""
         self.up = False
         """It answered HTTP at least once (it listens once its node cache synced)."""
         self.stopped = False
@@ -320,6 +351,8 @@ class Replica:
                 ok = False
             if ok and not self.ready:
                 self.ready_at = now()
+            if self.ready and not ok:
+                self.unready_at = now()
             self.ready = ok
             await asyncio.sleep(POLL_SECONDS)
         self.ready = False
@@ -440,6 +473,8 @@ class Observer:
         self.relists = 0
         self.changed_at = 0.0
         """When a node last changed in a way the comparison looks at."""
+        self.aws_episodes: dict[str, set[tuple[str, int]]] = {}
+        """node -> the episodes of the last record seen on it that asked for aws_set_unhealthy."""
         self.t0 = now()
 
     def reset_stats(self) -> None:
@@ -496,6 +531,13 @@ class Observer:
         name = new["metadata"]["name"]
         old = self.nodes.get(name)
         self.nodes[name] = new
+        annotations = _annotations(new)
+        if EPISODES in annotations:
+            asked = {
+                (e.fingerprint, e.start) for e in read(annotations).episodes.values() if e.done(STEP_AWS)
+            }
+            if asked:
+                self.aws_episodes[name] = asked
         if old is None:
             return
         if (_unschedulable(old), _tainted(old), _condition(old)) != (
@@ -535,6 +577,19 @@ class Observer:
         for e in fresh:
             self.per_episode[(name, e.fingerprint, e.start, what)] += 1
 
+    def set_instance_health(self, node: str) -> None:
+        """A SetInstanceHealth of the node's instance was made (a moment ago, so that the watch has
+        shown the intent written before it): counted for the episodes that asked for it."""
+        self.transitions["SetInstanceHealth"] += 1
+        asked = self.aws_episodes.get(node)
+        if not asked:
+            self.violations.add(
+                "SetInstanceHealth with no intent recorded on its node", f"{node} at {self.clock()}"
+            )
+            return
+        for fingerprint, start in asked:
+            self.per_episode[(node, fingerprint, start, "SetInstanceHealth")] += 1
+
     def sample(self) -> int:
         """The nodes this service holds now; checks the budget and that each names its episode."""
         count = 0
@@ -549,10 +604,11 @@ class Observer:
                 continue
             count += 1
             episodes = read(annotations).episodes.values() if EPISODES in annotations else []
-            if cordon and not any(e.done(STEP_CORDON) for e in episodes):
-                self.violations.add("cordon naming no episode (sampled)", f"{name} at {self.clock()}")
-            if taint and not any(e.done(STEP_TAINT) for e in episodes):
-                self.violations.add("taint naming no episode (sampled)", f"{name} at {self.clock()}")
+            if not any(e.rule == RULE for e in episodes):  # the rule that cordons and taints
+                what = " and ".join(w for w, h in (("cordon", cordon), ("taint", taint)) if h)
+                self.violations.add(
+                    f"{what} with no episode on its node (sampled)", f"{name} at {self.clock()}"
+                )
         self.samples += 1
         self.max_held = max(self.max_held, count)
         if count > BUDGET:
@@ -636,13 +692,13 @@ _HOP = {"host", "content-length", "transfer-encoding", "connection"}
 
 class FaultProxy:
     """http://127.0.0.1:PORT in front of the API server for one replica, passing its requests with
-    its own token; while `failing`, every request but the Lease's is answered 503 (a watch already
-    open keeps streaming)."""
+    its own token; `failing` "reads": every request but the Lease's is answered 503 (a watch already
+    open keeps streaming); "lease": the Lease's requests are (a partial partition)."""
 
     def __init__(self, plane: ControlPlane) -> None:
         self._upstream = plane.server
         self._ca = plane.pki.ca_cert
-        self.failing = False
+        self.failing = ""
         self.faulted = 0
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -669,7 +725,8 @@ class FaultProxy:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
-        if self.failing and not request.path.startswith("/apis/coordination.k8s.io/"):
+        lease = request.path.startswith("/apis/coordination.k8s.io/")
+        if (self.failing == "reads" and not lease) or (self.failing == "lease" and lease):
             self.faulted += 1
             status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 503}
             return web.json_response(
@@ -688,6 +745,108 @@ class FaultProxy:
                 await response.write(chunk)
             await response.write_eof()
             return response
+
+
+# -- AWS: moto's server behind a proxy that counts SetInstanceHealth ------------------------------------
+
+
+class Aws:
+    """moto's server (EC2, Auto Scaling) as a process of its own, and in front of it, on this loop, a
+    proxy the replicas call (`url`) that notes every SetInstanceHealth: (when, instance)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self._workdir = workdir
+        self.moto = f"http://127.0.0.1:{free_port()}"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.unhealthy: list[tuple[float, str]] = []
+        """SetInstanceHealth Unhealthy calls: (when, instance)."""
+        self.describes = 0
+        self.on_unhealthy: Callable[[str], None] = lambda _instance: None
+        self._process: Process | None = None
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    def client(self, service: str) -> Any:
+        return boto3.Session(region_name=REGION).client(service, endpoint_url=self.moto)
+
+    def start_moto(self) -> None:
+        port = self.moto.rsplit(":", 1)[1]
+        argv = [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", port]
+        self._process = spawn("moto", argv, log_dir=self._workdir, env={**os.environ, **AWS_ENV})
+        deadline = now() + 60
+        while now() < deadline:
+            try:
+                with urllib.request.urlopen(self.moto + "/moto-api/", timeout=2):  # noqa: S310  loopback
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise TimeoutError("moto_server did not answer")
+
+    def make_group(self, size: int) -> list[str]:
+        """An Auto Scaling group of `size` instances; their ids."""
+        os.environ.update(AWS_ENV)
+        ec2, asg = self.client("ec2"), self.client("autoscaling")
+        name = "gpu-nodes"
+        ec2.create_launch_template(
+            LaunchTemplateName=name,
+            LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "p5.48xlarge"},
+        )
+        asg.create_auto_scaling_group(
+            AutoScalingGroupName=name,
+            MinSize=size,
+            MaxSize=size,
+            DesiredCapacity=size,
+            LaunchTemplate={"LaunchTemplateName": name},
+            AvailabilityZones=[f"{REGION}a"],
+        )
+        found = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"][0]
+        return [str(i["InstanceId"]) for i in found["Instances"]]
+
+    def heal(self) -> int:
+        """Every instance Healthy again (between the runs of the comparison); how many were not."""
+        asg = self.client("autoscaling")
+        found = asg.describe_auto_scaling_groups(AutoScalingGroupNames=["gpu-nodes"])["AutoScalingGroups"][0]
+        sick = [i["InstanceId"] for i in found["Instances"] if i["HealthStatus"] != "Healthy"]
+        for instance in sick:
+            asg.set_instance_health(InstanceId=instance, HealthStatus="Healthy")
+        return len(sick)
+
+    async def start_proxy(self) -> None:
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+        if self._process is not None:
+            self._process.stop()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        assert self._session is not None
+        body = await request.read()
+        form = urllib.parse.parse_qs(body.decode("utf-8", "replace"))
+        action = (form.get("Action") or [""])[0]
+        if action == "DescribeAutoScalingInstances":
+            self.describes += 1
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+        url = self.moto + request.path_qs
+        async with self._session.request(request.method, url, headers=headers, data=body) as up:
+            data = await up.read()
+            out = {k: v for k, v in up.headers.items() if k.lower() not in (*_HOP, "content-encoding")}
+            answer = web.Response(status=up.status, headers=out, body=data)
+        if action == "SetInstanceHealth" and (form.get("HealthStatus") or [""])[0] == "Unhealthy":
+            instance = (form.get("InstanceId") or [""])[0]
+            self.unhealthy.append((now(), instance))
+            if up.status == 200:
+                self.on_unhealthy(instance)
+        return answer
 
 
 # -- Alertmanager, played: the script, the API v2, the webhook deliveries ------------------------------
@@ -997,6 +1156,18 @@ class Fence:
     requests_after: int
 
 
+@dataclass
+class Partition:
+    unready: float | None
+    """Seconds from the cut to the old leader's /readyz no longer 200."""
+    taken: float | None
+    """Seconds from the cut to the other replica's acquireTime."""
+    last_write: float | None
+    """Seconds from the cut to the old leader's last write before that."""
+    writes_after: list[AuditEvent]
+    """Its writes received after the other replica took the Lease."""
+
+
 class Bench:
     def __init__(
         self,
@@ -1006,9 +1177,13 @@ class Bench:
         accounts: list[Account],
         api: aiohttp.ClientSession,
         http: aiohttp.ClientSession,
+        aws: Aws,
+        instances: list[str],
         seed: int,
     ) -> None:
         self.plane = plane
+        self.aws = aws
+        self.node_of = {instance: node_name(i) for i, instance in enumerate(instances)}
         self.workdir = workdir
         self.accounts = accounts
         self.api = api
@@ -1017,6 +1192,8 @@ class Bench:
         self.seed = seed
         self.replicas: list[Replica] = []
         self.proxies: list[FaultProxy] = []
+        self.proxy_of: dict[str, FaultProxy] = {}
+        """Replica name -> the proxy it reaches the API server through."""
         self.lease = LeaseWatch(api, plane.server)
         self.observer = Observer(api, plane.server)
         self.audit = Audit(plane.workdir / "audit.log", {a.user for a in accounts})
@@ -1024,6 +1201,7 @@ class Bench:
         self.am_port = free_port()
         self._count = 0
         self._tasks: list[asyncio.Task[None]] = []
+        self._runners: list[web.AppRunner] = []
 
     # processes
 
@@ -1037,6 +1215,7 @@ class Bench:
             workdir=self.workdir,
             account=account,
             alertmanager=f"http://127.0.0.1:{self.am_port}",
+            aws=self.aws.url,
             server=server,
         )
         self.replicas.append(replica)
@@ -1089,6 +1268,15 @@ class Bench:
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", self.am_port).start()
+        self._runners.append(runner)
+        await self.aws.start_proxy()
+        loop = asyncio.get_running_loop()
+
+        def unhealthy(instance: str) -> None:
+            node = self.node_of.get(instance, instance)
+            loop.call_later(2.0, self.observer.set_instance_health, node)
+
+        self.aws.on_unhealthy = unhealthy
         for job in (self.lease.run(), self.observer.run(), self.observer.sampler(), self.am.run()):
             self._tasks.append(asyncio.create_task(job))
         await asyncio.wait_for(self.observer.synced.wait(), 120)
@@ -1100,6 +1288,9 @@ class Bench:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for proxy in self.proxies:
             await proxy.stop()
+        for runner in self._runners:
+            await runner.cleanup()
+        await self.aws.stop()
 
     # figure 5: SIGKILL
 
@@ -1122,10 +1313,11 @@ class Bench:
         await proxy.start()
         self.proxies.append(proxy)
         faulty = self.spawn(server=proxy.url)
+        self.proxy_of[faulty.name] = proxy
         leader, follower = await self.pair()
         assert follower is faulty
         await asyncio.sleep(self.rng.uniform(0.5, 3.0))
-        proxy.failing = True
+        proxy.failing = "reads"
         killed = now()
         leader.signal(signal.SIGKILL)
         taken = await self.lease.held_by(faulty.identity, 60)
@@ -1136,7 +1328,7 @@ class Bench:
             ready_before = ready_before or faulty.ready
             await asyncio.sleep(POLL_SECONDS)
         back = now()
-        proxy.failing = False
+        proxy.failing = ""
         ready = await self.wait_ready(faulty, after=back)
         self.spawn()
         return FailedRead(
@@ -1175,6 +1367,49 @@ class Bench:
             answer=answer,
             writes_after=[e for e in events if e.verb in WRITES],
             requests_after=len(events),
+        )
+
+    async def partition(self) -> Partition:
+        """The leader's requests to the Lease fail while everything else, webhook deliveries included,
+        still reaches it (a partial partition): it must stop acting before the other replica takes
+        the Lease (the audit log: its writes, by its ServiceAccount, against the new acquireTime)."""
+        leader, follower = await self.pair()
+        proxy = self.proxy_of.get(leader.name)
+        if proxy is None:  # leadership to a replica behind a proxy: the follower replaced by one...
+            await asyncio.to_thread(follower.stop)
+            proxy = FaultProxy(self.plane)
+            await proxy.start()
+            self.proxies.append(proxy)
+            proxied = self.spawn(server=proxy.url)
+            self.proxy_of[proxied.name] = proxy
+            leader, follower = await self.pair()
+            await asyncio.to_thread(leader.stop)  # ...then the leader stopped: it hands the Lease back
+            self.spawn()
+            leader, follower = await self.pair()
+            assert leader is proxied
+        await asyncio.sleep(self.rng.uniform(0.5, 3.0))
+        cut = now()
+        proxy.failing = "lease"
+        taken = await self.lease.held_by(follower.identity, 60)
+        await self.wait_ready(follower, after=cut)
+        await asyncio.sleep(3.0)  # both get deliveries, if both say ready
+        proxy.failing = ""
+        await asyncio.sleep(3.0)
+        acquired = taken.acquired if taken is not None else None
+        writes = [
+            e
+            for e in self.audit.read()
+            if e.user == leader.account.user
+            and e.at >= cut - 10
+            and e.verb in WRITES
+            and e.resource != "leases"
+        ]
+        before = [e.at for e in writes if acquired is None or e.at < acquired]
+        return Partition(
+            unready=leader.unready_at - cut if leader.unready_at >= cut else None,
+            taken=None if acquired is None else acquired - cut,
+            last_write=max(before) - cut if before else None,
+            writes_after=[e for e in writes if acquired is not None and e.at >= acquired],
         )
 
     async def until_clean(self, within: float) -> float | None:
@@ -1221,7 +1456,20 @@ async def figures(bench: Bench, args: argparse.Namespace) -> bool:
     t0 = now()
     bench.audit.skip()
     await asyncio.sleep(20)  # alerts arrive and the budget fills before the first kill
+    ok5 = await figure_kills(bench, args, t0)
+    ok_read = await figure_failed_reads(bench, args)
+    ok_fence = await figure_stops(bench, args)
+    ok_part = await figure_partitions(bench, args)
+    stop.set()
+    await player
+    played = now() - t0
+    bench.am.resolve_all()
+    left_after = await bench.until_clean(120)
+    ok6 = report_invariants(bench, played=played, left_after=left_after)
+    return ok5 and ok_read and ok_fence and ok_part and ok6
 
+
+async def figure_kills(bench: Bench, args: argparse.Namespace, t0: float) -> bool:
     kills: list[KillResult] = []
     print(f"\nFigure 5: {args.kills} SIGKILL fail-overs at {args.nodes} nodes (Lease {LEASE_SECONDS} s)")
     print(
@@ -1246,7 +1494,10 @@ async def figures(bench: Bench, args: argparse.Namespace) -> bool:
         )
     else:
         print(f"no new leader got ready: {verdict(False)}")
+    return ok5
 
+
+async def figure_failed_reads(bench: Bench, args: argparse.Namespace) -> bool:
     reads: list[FailedRead] = []
     print(
         f"\nA failed read at election ({args.failed_reads} times): every request but the Lease's "
@@ -1271,7 +1522,10 @@ async def figures(bench: Bench, args: argparse.Namespace) -> bool:
         f"ready after the API came back: max {_fmt(max((b for b in back if b is not None), default=None))} "
         f"(goal <= 10 s, each rebuild failed first): {verdict(ok_read)}"
     )
+    return ok_read
 
+
+async def figure_stops(bench: Bench, args: argparse.Namespace) -> bool:
     fences: list[Fence] = []
     print(
         f"\nTwo leaders at once ({args.stops} times): the leader SIGSTOPped past its Lease, "
@@ -1294,14 +1548,35 @@ async def figures(bench: Bench, args: argparse.Namespace) -> bool:
         "goal: the paused replica writes nothing once it runs again, its queued delivery is not "
         f"answered 200: {verdict(ok_fence)}"
     )
+    return ok_fence
 
-    stop.set()
-    await player
-    played = now() - t0
-    bench.am.resolve_all()
-    left_after = await bench.until_clean(120)
-    ok6 = report_invariants(bench, played=played, left_after=left_after)
-    return ok5 and ok_read and ok_fence and ok6
+
+async def figure_partitions(bench: Bench, args: argparse.Namespace) -> bool:
+    parts: list[Partition] = []
+    print(
+        f"\nTwo leaders at once ({args.partitions} times): the leader's Lease requests fail, everything "
+        "else (deliveries too) still reaches it"
+    )
+    print(
+        f"{'cut':>4} {'not ready after':>15} {'its last write':>14} {'Lease taken after':>17}"
+        f" {'writes after the takeover':>25}"
+    )
+    for i in range(args.partitions):
+        c = await bench.partition()
+        parts.append(c)
+        what = ", ".join(f"{e.verb} {e.resource} ({e.code})" for e in c.writes_after) or "none"
+        print(
+            f"{i + 1:4d} {_fmt(c.unready):>15} {_fmt(c.last_write):>14} {_fmt(c.taken):>17}"
+            f" {len(c.writes_after):5d} {what}"
+        )
+    ok_part = all(
+        c.taken is not None and not c.writes_after and c.unready is not None and c.unready < c.taken
+        for c in parts
+    )
+    print(
+        "goal: it stops (not ready, no write) before the other replica takes the Lease: " + verdict(ok_part)
+    )
+    return ok_part
 
 
 def report_invariants(bench: Bench, *, played: float, left_after: float | None) -> bool:
@@ -1313,8 +1588,9 @@ def report_invariants(bench: Bench, *, played: float, left_after: float | None) 
         f"Alertmanager API read {am.api_reads} times"
     )
     print(
-        f"  cordons made {obs.transitions['cordon']}, taints added {obs.transitions['taint']}; "
-        f"the observer's watch restarted {obs.relists} times"
+        f"  cordons made {obs.transitions['cordon']}, taints added {obs.transitions['taint']}, "
+        f"SetInstanceHealth Unhealthy {len(bench.aws.unhealthy)} (moto; {bench.aws.describes} "
+        f"DescribeAutoScalingInstances); the observer's watch restarted {obs.relists} times"
     )
     worst: dict[str, int] = {}
     for (_, _, _, what), n in obs.per_episode.items():
@@ -1322,8 +1598,9 @@ def report_invariants(bench: Bench, *, played: float, left_after: float | None) 
     twice = {k: n for k, n in obs.per_episode.items() if n > 1}
     ok_once = not twice
     print(
-        f"  per node and episode: at most {worst.get('cordon', 0)} cordon, {worst.get('taint', 0)} taint "
-        f"({len(obs.per_episode)} (episode, action) pairs; goal <= 1 each): {verdict(ok_once)}"
+        f"  per node and episode: at most {worst.get('cordon', 0)} cordon, {worst.get('taint', 0)} taint, "
+        f"{worst.get('SetInstanceHealth', 0)} SetInstanceHealth ({len(obs.per_episode)} (episode, action) "
+        f"pairs; goal <= 1 each): {verdict(ok_once)}"
     )
     for (node, fp, start, what), n in list(twice.items())[:5]:
         print(f"    {what} {n} times: {node}, episode {fp} @ {rfc3339(start)}")
@@ -1370,6 +1647,7 @@ async def compare(bench: Bench, args: argparse.Namespace) -> bool:
         await bench.stop_all_async()
         bench.observer.reset_stats()
         changed = await asyncio.to_thread(reset_nodes, bench.plane)
+        await asyncio.to_thread(bench.aws.heal)
         await asyncio.sleep(2)
         bench.am.groups.clear()
         bench.am.active.clear()
@@ -1437,13 +1715,19 @@ async def run(args: argparse.Namespace) -> bool:
     with workdir_of(args.workdir) as workdir:
         t0 = now()
         with control_plane(workdir / "control-plane") as plane:
-            await asyncio.to_thread(populate, plane, workdir, args.nodes)
+            aws = Aws(workdir)
+            aws.start_moto()  # from this thread: a child dies with the thread that started it
+            instances = await asyncio.to_thread(aws.make_group, args.nodes)
+            await asyncio.to_thread(populate, plane, workdir, instances)
             accounts = []
             for i in range(3):
                 name = f"bench-failover-{i}"
                 token = await asyncio.to_thread(plane.cluster_admin_account, NS, name)
                 accounts.append(Account(name=name, token=token))
-            print(f"real API server with {args.nodes} nodes up in {now() - t0:.0f} s; logs in {workdir}")
+            print(
+                f"real API server with {args.nodes} nodes, moto with as many instances in an Auto Scaling "
+                f"group, up in {now() - t0:.0f} s; logs in {workdir}"
+            )
             context = ssl.create_default_context(cafile=str(plane.pki.ca_cert))
             async with (
                 aiohttp.ClientSession(
@@ -1454,7 +1738,14 @@ async def run(args: argparse.Namespace) -> bool:
                 aiohttp.ClientSession() as http,
             ):
                 bench = Bench(
-                    plane=plane, workdir=workdir, accounts=accounts, api=api, http=http, seed=args.seed
+                    plane=plane,
+                    workdir=workdir,
+                    accounts=accounts,
+                    api=api,
+                    http=http,
+                    aws=aws,
+                    instances=instances,
+                    seed=args.seed,
                 )
                 await bench.start()
                 try:
@@ -1476,6 +1767,9 @@ def main() -> int:
         "--failed-reads", type=int, default=3, help="fail-overs with a failed read (default 3)"
     )
     parser.add_argument("--stops", type=int, default=3, help="leaders paused past their Lease (default 3)")
+    parser.add_argument(
+        "--partitions", type=int, default=3, help="leaders cut off from the Lease only (default 3)"
+    )
     parser.add_argument("--rate", type=float, default=1.0, help="faults a second (default 1)")
     parser.add_argument("--compare-seconds", type=float, default=360.0, help="the comparison's script length")
     parser.add_argument("--compare-kill-at", type=float, default=300.0, help="its fail-over (default 300 s)")
