@@ -1360,7 +1360,11 @@ class Bench:
         leader.signal(signal.SIGCONT)
         answer = await queued
         await asyncio.sleep(5.0)
-        events = [e for e in self.audit.read() if e.user == leader.account.user and e.at >= resumed]
+        events = [
+            e
+            for e in await asyncio.to_thread(self.audit.read)
+            if e.user == leader.account.user and e.at >= resumed
+        ]
         return Fence(
             stopped_for=resumed - stopped,
             taken=taken is not None,
@@ -1398,7 +1402,7 @@ class Bench:
         acquired = taken.acquired if taken is not None else None
         writes = [
             e
-            for e in self.audit.read()
+            for e in await asyncio.to_thread(self.audit.read)
             if e.user == leader.account.user
             and e.at >= cut - 10
             and e.verb in WRITES
