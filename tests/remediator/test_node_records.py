@@ -4,6 +4,8 @@ cluster on an injected clock; each test stands for a defect of the gate-state do
 - A restart (or fail-over) right after an action finds it recorded on the node: a cordon or a
   taint-only hold is still this service's, still counted in the budget, released on resolve; an
   Auto Scaling call whose intent was recorded is not made again when the instance shows it was.
+- An episode that resolved is not acted on again by the next leader when a view of Alertmanager read
+  before the resolve is reconciled after it.
 - A resolved episode stays on its node until the write that releases its last hold: a leader that
   dies between the uncordon and the untaint leaves a taint that still names its episode, and the
   next leader releases it from what Alertmanager shows.
@@ -22,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from remediator.alertmanager import AlertmanagerView
+from remediator.alertmanager import AlertmanagerView, ShownAlert
 from remediator.app import create_app
 from remediator.cluster import BackendUnavailable, Node, Taint
 from remediator.engine import Engine, EngineSettings
@@ -325,3 +327,28 @@ async def test_a_resolved_episode_names_its_taint_until_the_write_that_removes_i
     assert node.taints == ()  # Alertmanager shows it no more: released
     assert EPISODES not in node.annotations  # and forgotten by the write that released it
     assert second.budget.in_use == 0
+
+
+async def test_a_view_read_before_a_resolve_does_not_act_again_on_the_next_leader() -> None:
+    clock = FakeClock()
+    cluster = cluster_of(4)
+    first = engine_over(cluster, GIVE_BACK, clock=clock)
+    await first.handle(webhook(alert("n1")))  # cordoned and tainted by the first leader
+    counting = CountingCluster(cluster)
+    second = engine_over(counting, GIVE_BACK, clock=clock)  # the next leader
+    await second.start()
+    firing = webhook(alert("n1")).alerts[0]
+    stale = AlertmanagerView(
+        alerts={firing.fingerprint: ShownAlert(alert=firing, suppressed="")},
+        reached=("http://alertmanager:9093",),
+    )
+    await second.handle(webhook(alert("n1", status="resolved")))
+    node = cluster.nodes["n1"]
+    assert not node.unschedulable
+    assert node.taints == ()
+    await second.reconcile(stale)  # Alertmanager read before the resolve, reconciled after it
+    node = cluster.nodes["n1"]
+    assert not node.unschedulable  # the episode ended: not cordoned again
+    assert node.taints == ()
+    assert counting.calls["cordon"] == 0
+    assert counting.calls["add_taint"] == 0
