@@ -306,6 +306,8 @@ class Replica:
         """It answered HTTP at least once (it listens once its node cache synced)."""
         self.stopped = False
         """SIGSTOP sent and no SIGCONT yet."""
+        self.answer = ""
+        """What the last /readyz read got: its status, or the error."""
         self._identity: str | None = None
 
     @property
@@ -333,6 +335,13 @@ class Replica:
         elif sig == signal.SIGKILL:
             self.process.popen.wait()
 
+    def state(self) -> str:
+        """The process's state letter (R running, S sleeping, T stopped, ...)."""
+        try:
+            return Path(f"/proc/{self.process.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return "gone"
+
     def stop(self) -> None:
         if self.stopped:
             self.signal(signal.SIGCONT)
@@ -347,8 +356,10 @@ class Replica:
                     await resp.read()
                     ok = resp.status == 200
                     self.up = True
-            except (aiohttp.ClientError, TimeoutError):
+                    self.answer = str(resp.status)
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 ok = False
+                self.answer = type(exc).__name__
             if ok and not self.ready:
                 self.ready_at = now()
             if self.ready and not ok:
@@ -1154,6 +1165,8 @@ class Fence:
     writes_after: list[AuditEvent]
     """Writes by the paused replica's account received after SIGCONT."""
     requests_after: int
+    state: str
+    """The paused replica's process state a second after SIGCONT (T: still stopped)."""
 
 
 @dataclass
@@ -1240,7 +1253,7 @@ class Bench:
             if len(live) == 2 and len(leaders) == 1 and len(others) == 1:
                 return leaders[0], others[0]
             await asyncio.sleep(POLL_SECONDS)
-        states = [(r.name, r.alive, r.up, r.ready, r.identity) for r in self.replicas[-4:]]
+        states = [(r.name, r.alive, r.state(), r.answer, r.identity) for r in self.replicas[-4:]]
         raise TimeoutError(
             f"no leader and follower within {within:.0f} s: {states}, Lease {self.lease.current}"
         )
@@ -1358,6 +1371,8 @@ class Bench:
         await asyncio.sleep(3.0)  # the new leader acts meanwhile
         resumed = now()
         leader.signal(signal.SIGCONT)
+        await asyncio.sleep(1.0)
+        state = leader.state()
         answer = await queued
         await asyncio.sleep(5.0)
         events = [
@@ -1371,6 +1386,7 @@ class Bench:
             answer=answer,
             writes_after=[e for e in events if e.verb in WRITES],
             requests_after=len(events),
+            state=state,
         )
 
     async def partition(self) -> Partition:
@@ -1546,6 +1562,7 @@ async def figure_stops(bench: Bench, args: argparse.Namespace) -> bool:
         print(
             f"{i + 1:4d} {f.stopped_for:6.1f}s {'yes' if f.taken else 'NO':>15} {f.answer:>15} "
             f"{len(f.writes_after):5d} {what}"
+            + (f" (process state {f.state} after SIGCONT)" if f.state not in "RS" else "")
         )
     ok_fence = all(f.taken and not f.writes_after and f.answer != "200" for f in fences)
     print(
