@@ -165,15 +165,23 @@ class Context:
         """The episode's startsAt, unix seconds (with the fingerprint, its identity)."""
         return episode_start(self.alert.starts_at)
 
-    def record(self, kind: str, at: float, *, decided: bool = True) -> RecordChange | None:
+    def record(
+        self, kind: str, at: float, *, decided: bool = True, held_after: bool = False
+    ) -> RecordChange | None:
         """The change to the node's record that this action's write carries (None in dry-run: a dry
         run writes nothing). Firing: the episode, with this action among its decided steps when
         `decided`; resolved: the episode ends. Either way the episodes recorded on the node that no
-        longer fire (`ended`) are forgotten in the same write."""
+        longer fire (`ended`) are forgotten in the same write, except by a resolved alert's write
+        that leaves a hold of this service on the node (`held_after`: the taint still there after
+        the uncordon): the episodes go with the write that releases the last hold, so that a hold
+        never outlives the record of what it is for (a leader that dies between the two writes
+        leaves the next one an episode to resolve, not a taint nothing names)."""
         if self.dry_run:
             return None
         alert = self.alert
         if alert.status == "resolved":
+            if held_after:
+                return RecordChange(kind=kind, at=int(at))
             ended = self.ended | {(alert.fingerprint, self.start)}
             return RecordChange(kind=kind, at=int(at), forget=ended)
         steps = self.steps | (1 << self.index) if decided else self.steps

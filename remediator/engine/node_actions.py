@@ -4,6 +4,7 @@ made and nobody changed since, and only when no other cause still holds it."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -73,6 +74,16 @@ class NodeActuator:
             return None
         return ActionResult("skipped", "a drain of this node is running; accel-health never reverses a drain")
 
+    async def _held_after(self, ctx: Context, name: str, write: Callable[[Node], Node]) -> bool:
+        """A resolved alert's reversal: does the node keep a hold of this service once `write` (the
+        node as it will be) is made? Then the write forgets no episode (see `Context.record`). The
+        node is read again (from the watch cache, which has this service's own writes of this
+        delivery): the context's copy is from before them."""
+        if ctx.alert.status != "resolved" or ctx.dry_run:
+            return False
+        current = await self._view.get(name)
+        return current is not None and self._view.hold(write(current)) is not None
+
     def _release_dry(self, ctx: Context, node: str) -> None:
         """A dry-run reversal gave the node back: its planned hold ends when nothing planned is left."""
         if ctx.dry_run and self._gates.counts(ctx) and not self._view.dry.holds(node):
@@ -97,9 +108,9 @@ class NodeActuator:
             return held
         if not ctx.dry_run:
             extra = self._quarantine(node, ctx, status) if self._quarantine else None
-            await self._cluster.set_condition(
-                node.name, cond, record=ctx.record("condition", self._clock()), annotations=extra
-            )
+            keeps = await self._held_after(ctx, node.name, lambda n: n)
+            record = ctx.record("condition", self._clock(), held_after=keeps)
+            await self._cluster.set_condition(node.name, cond, record=record, annotations=extra)
         self._gates.commit(ctx, "condition", node.name)
         return done(
             ctx,
@@ -143,8 +154,9 @@ class NodeActuator:
             return moot
         if (held := self._gates.check(ctx, "uncordon", node.name)) is not None:
             return held
+        keeps = await self._held_after(ctx, node.name, lambda n: dataclasses.replace(n, unschedulable=False))
         if not ctx.dry_run and not await self._cluster.uncordon(
-            node.name, record=ctx.record("uncordon", self._clock())
+            node.name, record=ctx.record("uncordon", self._clock(), held_after=keeps)
         ):
             return ActionResult("skipped", "the cordon was changed by someone else since; left as it is")
         if ctx.dry_run and self._gates.counts(ctx):
@@ -208,8 +220,14 @@ class NodeActuator:
             return held
         for taint in to_remove:
             if not ctx.dry_run:
+
+                def removed(n: Node, gone: Taint = taint) -> Node:
+                    kept = tuple(t for t in n.taints if (t.key, t.effect) != (gone.key, gone.effect))
+                    return dataclasses.replace(n, taints=kept)
+
+                keeps = await self._held_after(ctx, node.name, removed)
                 await self._cluster.remove_taint(
-                    node.name, taint, record=ctx.record("untaint", self._clock())
+                    node.name, taint, record=ctx.record("untaint", self._clock(), held_after=keeps)
                 )
             elif self._gates.counts(ctx):
                 self._view.dry.tainted.get(node.name, {}).pop((taint.key, taint.effect), None)

@@ -282,6 +282,8 @@ class Reconciler:
         matched = ", ".join(str(m) for m in rule.matchers) or "(matches every alert)"
         matched += f"; nodes {rule.nodes}" if rule.nodes is not None else ""
         notes.append(f"rule {rule.name!r} (rules[{rule.index}]) matched: {matched}")
+        if resolved:
+            self._close_episode(alert, rule)
         actions = rule.on_resolved if resolved else rule.actions
         if not actions:
             why = (
@@ -315,6 +317,19 @@ class Reconciler:
         if rule.name in self._gates.scoped:
             notes.append(self._gates.scoped.describe(rule.name, budget.holders()))
         return AlertPlan(alert, node_name, rule, tuple(notes), tuple(records))
+
+    def _close_episode(self, alert: Alert, rule: Rule) -> None:
+        """A resolved episode is over: its firing steps count as decided in this process, whoever
+        decided them. The node's record, which said which were, goes with the reversal; without
+        this a view of Alertmanager read before the resolve and reconciled after it (or a late
+        delivery) made a new leader cordon, taint and call AWS again for an episode that ended."""
+        dry_run = self.settings.dry_run or rule.dry_run
+        start = episode_start(alert.starts_at)
+        for running in self._drains.running.values():
+            if any(w.resolved is alert for w in running.waiters.values()):
+                return  # its drain decides the steps after it when it ends (_resolve_waiters)
+        for index, action in enumerate(rule.actions):
+            self.decided.add((alert.fingerprint, start, "firing", index, action.type, dry_run))
 
     def context(
         self, alert: Alert, node_name: str, node: Any, rule: Rule, *, dry_run: bool, **extra: Any

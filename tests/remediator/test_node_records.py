@@ -4,6 +4,11 @@ cluster on an injected clock; each test stands for a defect of the gate-state do
 - A restart (or fail-over) right after an action finds it recorded on the node: a cordon or a
   taint-only hold is still this service's, still counted in the budget, released on resolve; an
   Auto Scaling call whose intent was recorded is not made again when the instance shows it was.
+- An episode that resolved is not acted on again by the next leader when a view of Alertmanager read
+  before the resolve is reconciled after it.
+- A resolved episode stays on its node until the write that releases its last hold: a leader that
+  dies between the uncordon and the untaint leaves a taint that still names its episode, and the
+  next leader releases it from what Alertmanager shows.
 - A live service without AWS calls (no --aws) says so instead of claiming a replacement, and holds no
   budget for it; a node handed to its provisioner gives its slot back when a human un-cordons it; the
   budget follows a human's uncordon at once (GET /state), not at the next delivery.
@@ -21,11 +26,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from remediator import cli
+from remediator.alertmanager import AlertmanagerView, ShownAlert
 from remediator.app import create_app
-from remediator.cluster import BackendUnavailable, Node
+from remediator.cluster import BackendUnavailable, Node, Taint
 from remediator.engine import Engine, EngineSettings
 from remediator.executors.snapshot import AwsOff, RecordingAws, SnapshotCluster
 from remediator.payload import WebhookPayload, parse_payload
@@ -379,3 +386,72 @@ async def test_idempotency_outlives_the_processes_memory_the_node_remembers_the_
     # Events write no node: a process that forgot may tell again that the fault was seen, and run the
     # event action, the one step the node does not record.
     assert counting.calls["record_event"] == calls["record_event"] + 2
+
+
+GIVE_BACK = """
+safety: {max_disrupted_nodes: 2}
+rules:
+  - name: f
+    actions: [cordon, {type: taint, key: accel-health.io/unhealthy, value: "true", effect: NoSchedule}]
+    on_resolved: [uncordon, {type: untaint, key: accel-health.io/unhealthy}]
+"""
+
+
+class GoneAfterUncordon(SnapshotCluster):
+    """The leader dies (or the API goes away) after the uncordon's write, before the untaint's."""
+
+    gone = False
+
+    async def remove_taint(self, node: str, taint: Taint, *, record: RecordChange | None = None) -> None:
+        if self.gone:
+            raise BackendUnavailable("the leader died before this write")
+        await super().remove_taint(node, taint, record=record)
+
+
+async def test_a_resolved_episode_names_its_taint_until_the_write_that_removes_it() -> None:
+    clock = FakeClock()
+    cluster = GoneAfterUncordon(nodes=list(cluster_of(4).nodes.values()), pods=[], pdbs=[])
+    first = engine_over(cluster, GIVE_BACK, clock=clock)
+    await first.handle(webhook(alert("n1")))
+    cluster.gone = True
+    with pytest.raises(BackendUnavailable):
+        await first.handle(webhook(alert("n1", status="resolved")))
+    node = cluster.nodes["n1"]
+    assert not node.unschedulable
+    assert [t.key for t in node.taints] == ["accel-health.io/unhealthy"]
+    assert list(read(node.annotations).episodes) == ["AccelGPUFatalXid-n1"]  # the taint names its episode
+
+    cluster.gone = False
+    clock.now += 10
+    second = engine_over(cluster, GIVE_BACK, clock=clock)  # the next leader
+    await second.start()
+    await second.reconcile(AlertmanagerView(alerts={}, reached=("http://alertmanager:9093",)))
+    node = cluster.nodes["n1"]
+    assert node.taints == ()  # Alertmanager shows it no more: released
+    assert EPISODES not in node.annotations  # and forgotten by the write that released it
+    assert second.budget.in_use == 0
+
+
+async def test_a_view_read_before_a_resolve_does_not_act_again_on_the_next_leader() -> None:
+    clock = FakeClock()
+    cluster = cluster_of(4)
+    first = engine_over(cluster, GIVE_BACK, clock=clock)
+    await first.handle(webhook(alert("n1")))  # cordoned and tainted by the first leader
+    counting = CountingCluster(cluster)
+    second = engine_over(counting, GIVE_BACK, clock=clock)  # the next leader
+    await second.start()
+    firing = webhook(alert("n1")).alerts[0]
+    stale = AlertmanagerView(
+        alerts={firing.fingerprint: ShownAlert(alert=firing, suppressed="")},
+        reached=("http://alertmanager:9093",),
+    )
+    await second.handle(webhook(alert("n1", status="resolved")))
+    node = cluster.nodes["n1"]
+    assert not node.unschedulable
+    assert node.taints == ()
+    await second.reconcile(stale)  # Alertmanager read before the resolve, reconciled after it
+    node = cluster.nodes["n1"]
+    assert not node.unschedulable  # the episode ended: not cordoned again
+    assert node.taints == ()
+    assert counting.calls["cordon"] == 0
+    assert counting.calls["add_taint"] == 0
