@@ -42,6 +42,9 @@ DEFAULT_LISTEN = "0.0.0.0:9836"
 EXIT_USAGE = 2
 DEFAULT_LEASE_SECONDS = 15
 NODE_CACHE_WAIT_SECONDS = 60
+CLOSE_GRACE_SECONDS = 0.25
+"""What a command's own event loop waits, after closing its API client, before it ends (aiohttp's advice
+for TLS connections)."""
 MIN_LEASE_SECONDS = 3
 """The library's timing checks need renew deadline (2/3 of it) > 1.2 x retry period (at least 1 s)."""
 logger = logging.getLogger("remediator")
@@ -231,6 +234,9 @@ async def _read_nodes(args: argparse.Namespace) -> list[Node]:
         raise UsageError(f"cannot list the nodes: {exc}") from exc
     finally:
         await cluster.close()
+        # The event loop ends with this command: give the TLS connections just closed the moment
+        # they need to close their sockets (else they are left to the garbage collector).
+        await asyncio.sleep(CLOSE_GRACE_SECONDS)
 
 
 def holds(argv: Sequence[str], *, out: TextIO) -> int:
