@@ -1,5 +1,6 @@
-"""``accel-health-exporter``: serves /metrics and /healthz for one node, and active checks on
-``GET /checks`` (with ``--checks``; see :mod:`exporter.checks`).
+"""``accel-health-exporter``: serves /metrics (and its two halves, /metrics/fast and /metrics/slow,
+see :mod:`exporter.paths`) and /healthz for one node, and active checks on ``GET /checks`` (with
+``--checks``; see :mod:`exporter.checks`).
 
 Stops cleanly (exit 0) on SIGTERM or SIGINT. :func:`main`'s ``nvml_library`` and ``cuda_library`` stand
 in for the ``pynvml`` module and ``cuda.bindings.driver`` (the demo's simulated GPU node,
@@ -35,8 +36,9 @@ from exporter.checks.network import IperfServer
 from exporter.checks.runner import CheckRunner
 from exporter.checks.schedule import ScheduleError, Scheduler, load_schedule
 from exporter.checks.usage import NvmlProcesses, PodAccelerators, UsageProbe
-from exporter.collectors.framework import Source
+from exporter.collectors.framework import Source, SourcesCollector
 from exporter.exposition import CONTENT_TYPE, generate_text
+from exporter.paths import PathCollector
 from exporter.readers.kmsg import KmsgFollower, KmsgStateStore
 from exporter.readers.nvml import DEFAULT_TIMEOUT, PynvmlReader
 from exporter.sources import ExporterSettings, build_registry, build_sources
@@ -141,22 +143,29 @@ def _check_names(text: str) -> tuple[str, ...]:
 
 
 def make_handler(
-    registry: CollectorRegistry, checks: ChecksEndpoint | None = None
+    registry: CollectorRegistry,
+    checks: ChecksEndpoint | None = None,
+    *,
+    fast: CollectorRegistry | None = None,
+    slow: CollectorRegistry | None = None,
 ) -> type[BaseHTTPRequestHandler]:
-    """An HTTP handler class serving ``registry`` on /metrics, liveness on /healthz and, with
-    ``checks``, active checks on /checks."""
+    """An HTTP handler class serving ``registry`` on /metrics (``fast`` and ``slow`` on /metrics/fast
+    and /metrics/slow, when given), liveness on /healthz and, with ``checks``, active checks on
+    /checks."""
+    registries = {"/metrics": registry, "/metrics/fast": fast, "/metrics/slow": slow}
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path, _, query = self.path.partition("?")
-            if path == "/checks":
+            served = registries.get(path.rstrip("/") or path)
+            if served is not None:
+                self._reply(HTTPStatus.OK, generate_text(served), CONTENT_TYPE)
+            elif path == "/checks":
                 if checks is None:
                     self._reply(HTTPStatus.NOT_FOUND, b"no checks on this node (--checks)\n", "text/plain")
                     return
                 status, body = checks.handle(query, self.headers.get("Authorization"))
                 self._reply(status, encode(body), "application/json")
-            elif path == "/metrics":
-                self._reply(HTTPStatus.OK, generate_text(registry), CONTENT_TYPE)
             elif path == "/healthz":
                 self._reply(HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8")
             else:
@@ -209,18 +218,16 @@ def main(argv: Sequence[str] | None = None, *, nvml_library: Any = None, cuda_li
     )
     if nvml is not None and settings.nvml == "on" and not (reading := nvml.read()).available:
         logger.error("--nvml=on but %s", reading.reason)
-    sources = build_sources(settings, kmsg=follower, nvml=nvml)
     try:
         built = _build_checks(args, nvml=nvml, nvml_library=nvml_library, cuda_library=cuda_library)
     except (ValueError, OSError) as exc:
         logger.error("%s", exc)
         return 2
     endpoint, scheduler = built if built is not None else (None, None)
-    sources.extend([checks_source(endpoint.runner, scheduler)] if endpoint is not None else [])
-    registry = build_registry(sources)
+    handler = _handler(settings, follower, nvml, endpoint, scheduler)
     try:
         server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
-        server = server_class((host, port), make_handler(registry, endpoint))
+        server = server_class((host, port), handler)
     except OSError as exc:
         logger.error("cannot listen on %s:%d: %s", host, port, exc.strerror or exc)
         return 1
@@ -253,9 +260,27 @@ def main(argv: Sequence[str] | None = None, *, nvml_library: Any = None, cuda_li
         follower.stop(timeout=0.5)
         if nvml is not None:
             nvml.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, restored in previous.items():
+            signal.signal(sig, restored)
     return 0
+
+
+def _handler(
+    settings: ExporterSettings,
+    follower: KmsgFollower,
+    nvml: PynvmlReader | None,
+    endpoint: ChecksEndpoint | None,
+    scheduler: Scheduler | None,
+) -> type[BaseHTTPRequestHandler]:
+    """The HTTP handler over the three scrape paths (see :mod:`exporter.paths`)."""
+    sources = build_sources(settings, kmsg=follower, nvml=nvml)
+    sources.extend([checks_source(endpoint.runner, scheduler)] if endpoint is not None else [])
+    brief = build_sources(settings, kmsg=follower, nvml=nvml, brief=True)
+    full, slow = CollectorRegistry(), CollectorRegistry()
+    collector = SourcesCollector(sources)  # one, so a source going down is logged once
+    full.register(collector)
+    slow.register(PathCollector(collector, "slow"))
+    return make_handler(full, endpoint, fast=build_registry(brief, "fast"), slow=slow)
 
 
 def checks_source(runner: CheckRunner, scheduler: Scheduler | None) -> Source:

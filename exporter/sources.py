@@ -28,6 +28,7 @@ from exporter.collectors.kmsg import kmsg_metrics
 from exporter.collectors.neuron import neuron_metrics
 from exporter.collectors.nvml import nvml_metrics, nvml_xid_metrics
 from exporter.collectors.pci import pci_metrics
+from exporter.paths import FAST_INFINIBAND_COUNTERS, PathCollector, ScrapePath
 from exporter.readers.kmsg import BOOT_ID_PATH, KmsgFollower
 from exporter.readers.nvml import DEFAULT_TIMEOUT, NvmlReader
 from exporter.readers.sysfs import (
@@ -93,12 +94,18 @@ class _PciState:
 
 
 def build_sources(
-    settings: ExporterSettings, *, kmsg: KmsgFollower | None, nvml: NvmlReader | None
+    settings: ExporterSettings,
+    *,
+    kmsg: KmsgFollower | None,
+    nvml: NvmlReader | None,
+    brief: bool = False,
 ) -> list[Source]:
     """The sources, in scrape order; ``kmsg``/``nvml`` None leaves that source out.
 
     The ``pci`` source runs first and reads the PCI bus once per scrape; the ``kmsg`` source labels
-    its series with the GPU indices from that same read.
+    its series with the GPU indices from that same read. ``brief`` sources (the fast path's, see
+    :mod:`exporter.paths`) read only what that path serves: NVML's count, lost GPUs and row-remap
+    state, InfiniBand port state and the counters of :data:`FAST_INFINIBAND_COUNTERS`.
     """
     root = settings.sysfs_root
     pci_state = _PciState()
@@ -113,10 +120,10 @@ def build_sources(
         return pci_metrics(devices, gpu_uuids=uuids)
 
     def collect_infiniband() -> list[Metric]:
-        ports = read_infiniband_ports(root)
+        ports = read_infiniband_ports(root, counters=FAST_INFINIBAND_COUNTERS if brief else None)
         if not ports:
             raise HardwareAbsentError(f"no InfiniBand ports under {root}/class/infiniband")
-        return infiniband_metrics(read_infiniband_devices(root), ports)
+        return infiniband_metrics(() if brief else read_infiniband_devices(root), ports)
 
     def collect_neuron() -> list[Metric]:
         devices = read_neuron_devices(root)
@@ -147,7 +154,7 @@ def build_sources(
         reader = nvml
 
         def collect_nvml() -> list[Metric]:
-            snapshot = reader.read()
+            snapshot = reader.read(brief=brief)
             if not snapshot.available and settings.nvml == "auto":
                 # No usable NVIDIA driver on this node: absent hardware, not a failure. Rules compare
                 # the GPUs on the PCI bus with NVML's to catch a GPU node whose driver is gone.
@@ -166,8 +173,9 @@ def build_sources(
     return sources
 
 
-def build_registry(sources: list[Source]) -> CollectorRegistry:
-    """A fresh registry holding only the exporter's own collector."""
+def build_registry(sources: list[Source], path: ScrapePath = "all") -> CollectorRegistry:
+    """A fresh registry holding only the exporter's own collector, serving ``path`` of it: the fast
+    path's sources are brief ones (see :func:`build_sources`) and report no health of their own."""
     registry = CollectorRegistry()
-    registry.register(SourcesCollector(sources))
+    registry.register(PathCollector(SourcesCollector(sources, health=path != "fast"), path))
     return registry

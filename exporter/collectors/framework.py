@@ -64,9 +64,18 @@ def _gauge(name: str, help_text: str) -> GaugeMetricFamily:
 class SourcesCollector(Collector):
     """A prometheus_client collector running each source, with health series per source."""
 
-    def __init__(self, sources: Sequence[Source], *, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        health: bool = True,
+    ) -> None:
         self._sources = tuple(sources)
         self._clock = clock
+        self._health = health
+        """False: only the sources' own families, no health series and no log lines (the fast path's
+        brief reads; the full collection reports the health of the same hardware)."""
         self._down: set[str] = set()
 
     def collect(self) -> Iterator[Metric]:
@@ -86,6 +95,10 @@ class SourcesCollector(Collector):
         duration = _gauge(
             "accel_exporter_collector_duration_seconds", "Time the collector took in this scrape."
         )
+        if not self._health:
+            for source in self._sources:
+                yield from self._run(source, log=False).families
+            return
         for source in self._sources:
             started = self._clock()
             outcome = self._run(source)
@@ -98,8 +111,8 @@ class SourcesCollector(Collector):
         yield from (up, present, errors, duration)
 
     @staticmethod
-    def _run(source: Source) -> _Outcome:
-        with problems.recording() as found:
+    def _run(source: Source, *, log: bool = True) -> _Outcome:
+        with problems.recording(quiet=not log) as found:
             try:
                 families = list(source.collect())
             except HardwareAbsentError as exc:
@@ -107,7 +120,8 @@ class SourcesCollector(Collector):
             except SourceUnavailableError as exc:
                 return _Outcome([], present=True, errors=len(found) + 1, reason=str(exc))
             except Exception as exc:  # one broken source must not break the scrape; up 0 + log
-                logger.exception("collector %s failed", source.name)
+                if log:
+                    logger.exception("collector %s failed", source.name)
                 return _Outcome(
                     [], present=True, errors=len(found) + 1, reason=f"{type(exc).__name__}: {exc}"
                 )

@@ -229,7 +229,10 @@ class NvmlXidCounts:
 class NvmlReader(Protocol):
     """What the NVML source needs; production uses :class:`PynvmlReader`."""
 
-    def read(self) -> NvmlSnapshot: ...
+    def read(self, *, brief: bool = False) -> NvmlSnapshot:
+        """Every GPU's health; ``brief``: only what the fast path serves (count, lost GPUs,
+        remapped-row state)."""
+        ...
 
     def xid_events(self) -> NvmlXidCounts: ...
 
@@ -614,7 +617,7 @@ class _GpuReader:
         """The field id of a link's state (scoped by link index), where pynvml knows it."""
         self.success = int(nvml.NVML_SUCCESS)
 
-    def read(self, job: _Job[_GpuResult], index: int, known: _Identity) -> _GpuResult:
+    def read(self, job: _Job[_GpuResult], index: int, known: _Identity, *, brief: bool = False) -> _GpuResult:
         calls = _Calls(self.nvml, job)
         handle, uuid, pci_bus_id, model, links, batched = (
             known.handle,
@@ -641,6 +644,22 @@ class _GpuReader:
                     links=links,
                     batched_states=batched,
                 )
+                if brief:  # the fast path: lost or not, and the row-remap state
+                    remapped = self._remapped_rows(calls, handle)
+                    if remapped is None:  # before Ampere: one cheap call still tells a lost GPU
+                        calls.get("nvmlDeviceGetTemperature", handle, self.nvml.NVML_TEMPERATURE_GPU)
+                    return _GpuResult(
+                        health=NvmlGpuHealth(
+                            index=index,
+                            status="ok",
+                            uuid=uuid,
+                            pci_bus_id=pci_bus_id,
+                            model=model,
+                            remapped_rows=remapped,
+                        ),
+                        identity=job.learnt,
+                        errors=calls.errors,
+                    )
                 nvlinks, probed, batched = self._nvlinks(calls, handle, links, batched)
                 links = links if links is not None else probed
                 health = NvmlGpuHealth(
@@ -970,13 +989,14 @@ class PynvmlReader:
         self._watch_lock = threading.Lock()
         self._watcher: _XidWatcher | None = None
 
-    def read(self) -> NvmlSnapshot:
+    def read(self, *, brief: bool = False) -> NvmlSnapshot:
         with self._read_lock:
             deadline = time.monotonic() + self.timeout
             count = self._enumerate(deadline)
             if isinstance(count, str):
                 return self._snapshot(available=False, reason=count)
-            return self._snapshot(available=True, count=count, gpus=self._read_gpus(count, deadline))
+            gpus = self._read_gpus(count, deadline, brief=brief)
+            return self._snapshot(available=True, count=count, gpus=gpus)
 
     def xid_events(self) -> NvmlXidCounts:
         nvml = self._nvml
@@ -1053,7 +1073,7 @@ class PynvmlReader:
         assert job.result is not None  # a job without an error has its result
         return job.result
 
-    def _read_gpus(self, count: int, deadline: float) -> tuple[NvmlGpuHealth, ...]:
+    def _read_gpus(self, count: int, deadline: float, *, brief: bool = False) -> tuple[NvmlGpuHealth, ...]:
         gpu_reader = self._gpu_reader
         assert gpu_reader is not None  # set with self._nvml
         gpus: dict[int, NvmlGpuHealth] = {}
@@ -1065,7 +1085,7 @@ class PynvmlReader:
         for index in range(count):
             if index not in gpus:
                 known = self._known.get(index, _Identity())
-                work = functools.partial(gpu_reader.read, index=index, known=known)
+                work = functools.partial(gpu_reader.read, index=index, known=known, brief=brief)
                 jobs[index] = self._reading[index] = _Job(work, countdown)
         batch = _Batch(list(jobs.values()), self._workers)
         batch.start()

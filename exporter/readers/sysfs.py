@@ -363,8 +363,32 @@ def _read_port_counters(directory: str, *, words: frozenset[str] = _WORD_COUNTER
     return MappingProxyType(counters)
 
 
-def read_infiniband_ports(sysfs_root: Path) -> tuple[InfinibandPort, ...]:
-    """Ports under ``<root>/class/infiniband/<device>/ports/<n>``, sorted by device and port."""
+def _read_named_counters(directory: str, names: frozenset[str]) -> Mapping[str, int]:
+    """The counters ``names`` of ``directory`` that exist and read as numbers (see
+    :func:`_read_port_counters`, which reads every file)."""
+    counters: dict[str, int] = {}
+    for name in sorted(names):
+        path = f"{directory}/{name}"
+        text = _read_text(path)
+        if text is None or text.startswith("N/A"):
+            continue
+        try:
+            value = int(text)
+        except ValueError:
+            problems.note(logger, "sysfs: %s is not a counter: %r", path, text[:80])
+            continue
+        counters[name] = value * 4 if name in _WORD_COUNTERS else value
+    return MappingProxyType(counters)
+
+
+def read_infiniband_ports(
+    sysfs_root: Path, *, counters: frozenset[str] | None = None
+) -> tuple[InfinibandPort, ...]:
+    """Ports under ``<root>/class/infiniband/<device>/ports/<n>``, sorted by device and port.
+
+    ``counters``, when given, makes the read brief: each port's logical state and those counters only
+    (files under ``counters/``), nothing else.
+    """
     class_dir = f"{sysfs_root}/class/infiniband"
     ports: list[InfinibandPort] = []
     for device_name in _names(class_dir) or ():
@@ -372,6 +396,19 @@ def read_infiniband_ports(sysfs_root: Path) -> tuple[InfinibandPort, ...]:
         ports_dir = f"{device}/ports"
         for port_name in sorted(_names(ports_dir) or (), key=lambda name: (len(name), name)):
             port = f"{ports_dir}/{port_name}"
+            if counters is not None:
+                ports.append(
+                    InfinibandPort(
+                        device=device_name,
+                        port=port_name,
+                        state=_leading_number(f"{port}/state"),
+                        physical_state=None,
+                        rate_bytes_per_second=None,
+                        link_layer=None,
+                        counters=_read_named_counters(f"{port}/counters", counters),
+                    )
+                )
+                continue
             ports.append(
                 InfinibandPort(
                     device=device_name,
