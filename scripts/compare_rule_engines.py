@@ -293,9 +293,10 @@ def print_report(report: Report, out: Any = sys.stdout) -> None:
     for check in report.promtool_failures:
         print(f"promtool fails {check.describe()} (make rules says why)", file=out)
     for check in report.unlisted:
-        run = next(r for r in report.runs if (r.test_file, r.group) == (check.test_file, check.group))
-        failing = next(r for r, f in run.failures.items() if check in f)
-        print(f"\nNOT LISTED: {check.describe()} fails on {failing} only:\n{run.outputs[failing]}", file=out)
+        group_run = next(r for r in report.runs if (r.test_file, r.group) == (check.test_file, check.group))
+        runner = next(r for r, f in group_run.failures.items() if check in f)
+        output = group_run.outputs[runner]
+        print(f"\nNOT LISTED: {check.describe()} fails on {runner} only:\n{output}", file=out)
     for check in report.stale:
         print(f"LISTED BUT GONE: {check.describe()}: remove it from alerts/README.md", file=out)
 
