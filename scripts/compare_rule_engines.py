@@ -9,7 +9,7 @@ a difference. A difference fails this command unless alerts/README.md lists it, 
 the table headed ``| test file | test group | alert | at | reason |``; a listed difference that no
 longer occurs fails it too, so the list stays true.
 
-    python -m scripts.compare_rule_engines [--jobs N] [TEST_FILE ...]
+    python -m scripts.compare_rule_engines [--jobs N] [--readme FILE] [TEST_FILE ...]
 
 vmalert-tool comes from scripts/install-victoria-metrics.sh (pinned; ``make tools``). It serves its
 storage on the fixed port 8880 and keeps it under $TMPDIR/vmalert-unittest, so each run gets its own
@@ -171,13 +171,17 @@ def parse_failures(test_file: str, group: str, output: str, returncode: int) -> 
     return failures
 
 
-def vmalert_tool_bin() -> Path:
-    """vmalert-tool from scripts/install-victoria-metrics.sh (which installs it when missing)."""
+def victoria_metrics_bin(*, install: bool = True) -> Path | None:
+    """The folder of VictoriaMetrics' binaries (scripts/install-victoria-metrics.sh, which installs
+    them when missing, unless ``install`` is false); None where they are missing and not installed."""
     bash = shutil.which("bash") or "/bin/bash"
-    result = subprocess.run([bash, str(INSTALLER)], capture_output=True, text=True, check=False, timeout=600)
+    argv = [bash, str(INSTALLER)] + ([] if install else ["--installed"])
+    result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=600)
     if result.returncode != 0:
+        if not install:
+            return None
         raise RuntimeError(f"scripts/install-victoria-metrics.sh failed:\n{result.stderr}")
-    return Path(result.stdout.strip()) / "vmalert-tool"
+    return Path(result.stdout.strip())
 
 
 def private_network() -> list[str]:
@@ -305,18 +309,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", type=Path, help="test files (default: alerts/tests/*.yaml)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="groups run at once")
+    parser.add_argument("--readme", type=Path, default=README, help="where the differences are listed")
     args = parser.parse_args(argv)
     files: list[Path] = args.files or sorted(TESTS_DIR.glob("*.yaml"))
     promtool = shutil.which("promtool")
     if promtool is None:
         print("promtool is missing: run `make tools`", file=sys.stderr)
         return 2
-    runners = Runners(vmalert_tool=vmalert_tool_bin(), promtool=promtool, netns_prefix=private_network())
+    bin_dir = victoria_metrics_bin()
+    if bin_dir is None:
+        return 2
+    netns = private_network()
+    runners = Runners(vmalert_tool=bin_dir / "vmalert-tool", promtool=promtool, netns_prefix=netns)
     work = [(f.name, name, doc) for f in files for name, doc in split_groups(f)]
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         runs = list(pool.map(lambda item: runners.run_group(*item), work))
-    report = compare(runs, listed_differences(), test_files={f.name for f in files})
+    report = compare(runs, listed_differences(args.readme), test_files={f.name for f in files})
     print_report(report)
     print(f"({time.monotonic() - started:.0f}s, {args.jobs} at a time)")
     return 0 if report.ok else 1

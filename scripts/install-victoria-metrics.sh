@@ -11,6 +11,7 @@
 # fetched with a private apt sources list and state: the machine's own apt configuration is not
 # touched, and no package is installed. A user with other binaries points VICTORIA_METRICS_BIN at a
 # folder holding victoria-metrics, vmalert and vmalert-tool, and this script does nothing.
+# `--installed` only prints the folder, and fails where nothing is installed yet (tests use it to skip).
 set -euo pipefail
 
 VERSION=1.112.0+ds1-2
@@ -30,6 +31,10 @@ fi
 if [ -x "$BIN/victoria-metrics" ] && [ -x "$BIN/vmalert" ] && [ -x "$BIN/vmalert-tool" ]; then
     echo "$BIN"
     exit 0
+fi
+if [ "${1:-}" = "--installed" ]; then
+    echo "victoria-metrics $VERSION is not installed: run \`make tools\`" >&2
+    exit 1
 fi
 
 # The archive this machine already uses (the first deb.debian.org-style URI in its sources), so a
