@@ -272,3 +272,29 @@ def test_a_listed_difference_passes_and_a_stale_entry_fails(tmp_path: Path) -> N
     assert "LISTED BUT GONE: example_test.yaml: 'a series label the alert overwrites': Agreeing at 1m" in (
         both.stdout
     )
+
+
+# -- the scrape configurations -----------------------------------------------------------------------
+
+
+def test_the_exporter_series_carry_no_pod_name_in_either_shipped_scrape_configuration() -> None:
+    """A DaemonSet roll-out renames every pod: with `pod` on the series, every series of every node
+    would start over (old counts read as rises by MetricsQL's increase(), alerts with a new identity).
+    The name stays on the target, so `up` still says which pod failed a scrape."""
+    drop = {"action": "labeldrop", "regex": "pod"}
+    plain = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yaml").read_text())
+    exporter_jobs = [j for j in plain["scrape_configs"] if j["job_name"].startswith("accel-health-exporter")]
+    assert len(exporter_jobs) == 2
+    for job in exporter_jobs:
+        assert {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"} in job[
+            "relabel_configs"
+        ]
+        assert drop in job["metric_relabel_configs"], job["job_name"]
+    monitors = list(
+        yaml.safe_load_all((REPO / "deploy/components/prometheus-operator/monitors.yaml").read_text())
+    )
+    service_monitors = [m for m in monitors if m["kind"] == "ServiceMonitor"]
+    assert len(service_monitors) == 2
+    for monitor in service_monitors:
+        for endpoint in monitor["spec"]["endpoints"]:
+            assert drop in endpoint["metricRelabelings"], monitor["metadata"]["name"]
