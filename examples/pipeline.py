@@ -224,31 +224,7 @@ class Pipeline:
             kmsg = self.workdir / f"{node}.kmsg"
             shutil.copyfile(NODES_DIR / node / "kmsg", kmsg)
             self.kmsg_files[node] = kmsg
-            port = free_port()
-            self.exporter_ports[node] = port
-            common = [
-                f"--listen=127.0.0.1:{port}",
-                f"--kmsg={kmsg}",
-                f"--sysfs-root={NODES_DIR / node / 'sys'}",
-            ]
-            if node == GPU_NODE:
-                # The real exporter on simulated NVML and CUDA, offering checks on demand only.
-                argv = [
-                    sys.executable,
-                    "-m",
-                    "examples.fake_gpus",
-                    *self.gpus.arguments(),
-                    *common,
-                    "--nvml=on",
-                    f"--checks={','.join(CHECKS)}",
-                    f"--checks-token-file={self.checks_token_file}",
-                    "--checks-schedule=off",
-                    f"--node-name={node}",
-                ]
-                self._spawn(f"exporter {node}", argv, ports=(port,), env={"PYTHONPATH": str(REPO)})
-            else:
-                argv = [str(bindir / "accel-health-exporter"), *common, "--nvml=off"]
-                self._spawn(f"exporter {node}", argv, ports=(port,))
+            self._start_exporter(node)
         token_file = self.workdir / "remediator.token"
         token_file.write_text(self.token + "\n")
         token_file.chmod(0o600)
@@ -278,6 +254,47 @@ class Pipeline:
             ],
             ports=(self.alertmanager_port,),
         )
+        self._spawn_rule_engine()
+        for node, port in self.exporter_ports.items():
+            self._wait_http(f"exporter {node}", f"http://127.0.0.1:{port}/metrics")
+            on_started(f"exporter {node}", f"http://127.0.0.1:{port}/metrics")
+        self._wait_http("remediator", f"http://127.0.0.1:{self.remediator_port}/readyz")
+        on_started("remediator", f"http://127.0.0.1:{self.remediator_port}/alerts (dry-run)")
+        self._wait_http("alertmanager", f"http://127.0.0.1:{self.alertmanager_port}/-/ready")
+        on_started("Alertmanager", f"http://127.0.0.1:{self.alertmanager_port} (examples/alertmanager.yaml)")
+        self._wait_for_rule_engine(on_started)
+
+    def _start_exporter(self, node: str) -> None:
+        """Starts ``node``'s exporter on a new port (its kernel log and sysfs tree stay)."""
+        bindir = Path(sys.executable).parent
+        port = free_port()
+        self.exporter_ports[node] = port
+        common = [
+            f"--listen=127.0.0.1:{port}",
+            f"--kmsg={self.kmsg_files[node]}",
+            f"--sysfs-root={NODES_DIR / node / 'sys'}",
+        ]
+        if node == GPU_NODE:
+            # The real exporter on simulated NVML and CUDA, offering checks on demand only.
+            argv = [
+                sys.executable,
+                "-m",
+                "examples.fake_gpus",
+                *self.gpus.arguments(),
+                *common,
+                "--nvml=on",
+                f"--checks={','.join(CHECKS)}",
+                f"--checks-token-file={self.checks_token_file}",
+                "--checks-schedule=off",
+                f"--node-name={node}",
+            ]
+            self._spawn(f"exporter {node}", argv, ports=(port,), env={"PYTHONPATH": str(REPO)})
+        else:
+            argv = [str(bindir / "accel-health-exporter"), *common, "--nvml=off"]
+            self._spawn(f"exporter {node}", argv, ports=(port,))
+
+    def _spawn_rule_engine(self) -> None:
+        """Starts what scrapes the exporters and evaluates alerts/ (here Prometheus)."""
         self.prometheus_port = free_port()
         prom_config = self.workdir / "prometheus.yml"
         prom_config.write_text(self._render_prometheus_config())
@@ -291,13 +308,8 @@ class Pipeline:
             ],
             ports=(self.prometheus_port,),
         )
-        for node, port in self.exporter_ports.items():
-            self._wait_http(f"exporter {node}", f"http://127.0.0.1:{port}/metrics")
-            on_started(f"exporter {node}", f"http://127.0.0.1:{port}/metrics")
-        self._wait_http("remediator", f"http://127.0.0.1:{self.remediator_port}/readyz")
-        on_started("remediator", f"http://127.0.0.1:{self.remediator_port}/alerts (dry-run)")
-        self._wait_http("alertmanager", f"http://127.0.0.1:{self.alertmanager_port}/-/ready")
-        on_started("Alertmanager", f"http://127.0.0.1:{self.alertmanager_port} (examples/alertmanager.yaml)")
+
+    def _wait_for_rule_engine(self, on_started: Callable[[str, str], None]) -> None:
         self._wait_http("prometheus", f"http://127.0.0.1:{self.prometheus_port}/-/ready")
         on_started("Prometheus", f"http://127.0.0.1:{self.prometheus_port} (rules from alerts/)")
         self._wait_for(
