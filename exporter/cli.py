@@ -23,25 +23,21 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
-from exporter.checks.catalog import build_checks, parse_names
-from exporter.checks.cuda import CudaBindingsDriver
-from exporter.checks.endpoint import ChecksEndpoint, encode
-from exporter.checks.fanout import EXPORTER_SELECTOR
-from exporter.checks.metrics import check_metrics
-from exporter.checks.network import IperfServer
-from exporter.checks.runner import CheckRunner
-from exporter.checks.schedule import ScheduleError, Scheduler, load_schedule
-from exporter.checks.usage import NvmlProcesses, PodAccelerators, UsageProbe
 from exporter.collectors.framework import Source, SourcesCollector
 from exporter.exposition import CONTENT_TYPE, generate_text
 from exporter.paths import PathCollector
 from exporter.readers.kmsg import KmsgFollower, KmsgStateStore
 from exporter.readers.nvml import DEFAULT_TIMEOUT, PynvmlReader
 from exporter.sources import ExporterSettings, build_registry, build_sources
+
+if TYPE_CHECKING:  # the checks are imported where --checks asks for them (see _build_checks)
+    from exporter.checks.endpoint import ChecksEndpoint
+    from exporter.checks.runner import CheckRunner
+    from exporter.checks.schedule import Scheduler
 
 logger = logging.getLogger("exporter")
 
@@ -136,6 +132,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check_names(text: str) -> tuple[str, ...]:
+    if not text.replace(",", "").strip():  # `--checks=`: none, and nothing of the checks imported
+        return ()
+    from exporter.checks.catalog import parse_names  # noqa: PLC0415  only where checks are asked for
+
     try:
         return parse_names(text)
     except ValueError as exc:
@@ -164,6 +164,8 @@ def make_handler(
                 if checks is None:
                     self._reply(HTTPStatus.NOT_FOUND, b"no checks on this node (--checks)\n", "text/plain")
                     return
+                from exporter.checks.endpoint import encode  # noqa: PLC0415  loaded with the checks
+
                 status, body = checks.handle(query, self.headers.get("Authorization"))
                 self._reply(status, encode(body), "application/json")
             elif path == "/healthz":
@@ -285,6 +287,8 @@ def _handler(
 
 def checks_source(runner: CheckRunner, scheduler: Scheduler | None) -> Source:
     """The ``checks`` source: the runner's latest results as series."""
+    from exporter.checks.metrics import check_metrics  # noqa: PLC0415  only with --checks
+
     intervals = {} if scheduler is None else {name: s.interval for name, s in scheduler.schedule.items()}
     return Source(
         "checks", lambda: check_metrics(runner.latest(), runner.runs(), runner.skipped_gpus(), intervals)
@@ -321,6 +325,8 @@ def _list_node_pods(node: str) -> list[Mapping[str, Any]]:
 
 def _list_exporter_pods(namespace: str) -> list[Mapping[str, Any]]:
     """The exporter pods (this one's peers, for ``ping``/``iperf``) through the in-cluster API."""
+    from exporter.checks.network import EXPORTER_SELECTOR  # noqa: PLC0415  only with --checks
+
     config: Any = importlib.import_module("kubernetes.config")
     client: Any = importlib.import_module("kubernetes.client")
     config.load_incluster_config()
@@ -339,9 +345,28 @@ def _build_checks(
     cuda_library: Any = None,
 ) -> tuple[ChecksEndpoint, Scheduler | None] | None:
     """The checks endpoint and schedule the flags ask for; None without --checks; ValueError for
-    flags that contradict each other or a bad schedule."""
+    flags that contradict each other or a bad schedule.
+
+    The checks' modules are imported here, not with this module: a node that offers no checks loads
+    none of them (nor what they use: YAML, the CUDA bindings, the Kubernetes client)."""
     if not args.checks:
         return None
+    from exporter.checks.catalog import build_checks  # noqa: PLC0415  see the docstring
+    from exporter.checks.cuda import CudaBindingsDriver  # noqa: PLC0415  see the docstring
+    from exporter.checks.endpoint import ChecksEndpoint  # noqa: PLC0415  see the docstring
+    from exporter.checks.network import IperfServer  # noqa: PLC0415  see the docstring
+    from exporter.checks.runner import CheckRunner  # noqa: PLC0415  see the docstring
+    from exporter.checks.schedule import (  # noqa: PLC0415  see the docstring
+        ScheduleError,
+        Scheduler,
+        load_schedule,
+    )
+    from exporter.checks.usage import (  # noqa: PLC0415  see the docstring
+        NvmlProcesses,
+        PodAccelerators,
+        UsageProbe,
+    )
+
     if args.checks_token_file is None and not args.checks_insecure_no_auth:
         raise ValueError("--checks needs --checks-token-file FILE (or --checks-insecure-no-auth)")
     if args.checks_token_file is not None and args.checks_insecure_no_auth:
