@@ -25,10 +25,9 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry
-
 from exporter.collectors.framework import Source, SourcesCollector
 from exporter.exposition import CONTENT_TYPE, generate_text
+from exporter.metric import CollectorRegistry
 from exporter.paths import PathCollector
 from exporter.readers.kmsg import KmsgFollower, KmsgStateStore
 from exporter.readers.nvml import DEFAULT_TIMEOUT, PynvmlReader

@@ -14,9 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import Metric
-
 from exporter.collectors.framework import (
     HardwareAbsentError,
     Source,
@@ -28,6 +25,7 @@ from exporter.collectors.kmsg import kmsg_metrics
 from exporter.collectors.neuron import neuron_metrics
 from exporter.collectors.nvml import nvml_metrics, nvml_xid_metrics
 from exporter.collectors.pci import pci_metrics
+from exporter.metric import CollectorRegistry, Metric
 from exporter.paths import FAST_INFINIBAND_COUNTERS, PathCollector, ScrapePath
 from exporter.readers.kmsg import BOOT_ID_PATH, KmsgFollower
 from exporter.readers.nvml import DEFAULT_TIMEOUT, NvmlReader

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from prometheus_client.core import Metric
 
+from exporter.metric import Metric
 from exporter.readers.kmsg import KmsgFollower
 from exporter.sources import ExporterSettings, build_registry, build_sources
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
+from exporter.metric import CounterMetricFamily, GaugeMetricFamily, Metric
 from exporter.readers.sysfs import InfinibandDevice, InfinibandPort
 
 _BYTE_COUNTERS = frozenset({"port_rcv_data", "port_xmit_data"})

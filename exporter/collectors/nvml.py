@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import ClassVar, NamedTuple
 
-from prometheus_client.core import Metric
-
 from exporter.collectors.framework import SourceUnavailableError
 from exporter.exposition import Family, FamilySpec, Row
+from exporter.metric import Metric
 from exporter.readers.nvml import NvLink, NvmlGpuHealth, NvmlSnapshot, NvmlXidCounts
 
 GPU_LABELS = ("gpu", "uuid", "pci_bus_id", "model")

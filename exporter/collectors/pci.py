@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
+from exporter.metric import CounterMetricFamily, GaugeMetricFamily, Metric
 from exporter.readers.sysfs import PciDevice, nvidia_gpu_indices
 
 _DEVICE_LABELS = ["pci_bus_id", "gpu", "vendor"]

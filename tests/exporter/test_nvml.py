@@ -16,18 +16,16 @@ from pathlib import Path
 
 import pynvml  # the real library, only to ask a real GPU directly in the gpu-marked tests
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
 
 from exporter.collectors.framework import SourceUnavailableError
 from exporter.collectors.nvml import GPU_LABELS, nvml_metrics
-from exporter.exposition import Family, encode
+from exporter.exposition import Family, encode, generate_text
+from exporter.metric import CollectorRegistry, Metric
 from exporter.readers.kmsg import KmsgFollower
 from exporter.readers.nvml import NvmlSnapshot, PynvmlReader, _Batch, _Job, _Workers
 from exporter.sources import ExporterSettings, XidOwnership, build_registry, build_sources
 from tests.exporter.fake_nvml import FIXTURES, FakeNvml
-from tests.exporter.helpers import GPU_NODE, GPU_NODE_BUS_IDS, wait_until
+from tests.exporter.helpers import GPU_NODE, GPU_NODE_BUS_IDS, client_text, wait_until
 
 GOLDEN = FIXTURES / "h100x8.prom"
 XID_79 = "NVRM: Xid (PCI:0000:9d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
@@ -58,7 +56,7 @@ def open_nvml() -> Iterator[Open]:
         reader.close()
 
 
-class _Fixed(Collector):
+class _Fixed:
     def __init__(self, families: Iterable[Metric]) -> None:
         self.families = list(families)
 
@@ -359,7 +357,7 @@ def test_where_no_thread_can_be_started_nvml_is_down_or_its_gpus_time_out(
     registry = nvml_registry(starved)
     unknown = {"gpu": "3", "uuid": "", "pci_bus_id": "", "model": ""}  # never read: identity not known
     assert registry.get_sample_value("accel_gpu_nvml_up", unknown) == 0
-    assert "accel_gpu_nvml_call_stuck_seconds{" not in generate_latest(registry).decode()
+    assert "accel_gpu_nvml_call_stuck_seconds{" not in generate_text(registry).decode()
 
     allowed[0] = 100
     assert all(gpu.status == "ok" for gpu in reader.read().gpus)
@@ -595,7 +593,7 @@ def test_unchanged_nvlinks_are_handed_over_again_and_any_change_is_written(open_
     fake.gpus[3]["nvlink"]["state"][16] = 0
     changed = nvml_metrics(reader.read())
     text = (encode(changed) or b"").decode()
-    assert text == generate_latest(families_registry(changed)).decode()
+    assert text == client_text(changed)
     replay = fake.gpus[3]["nvlink"]["errors"]["replay"][7]
     link7 = {**H100_GPU3, "link": "7", "error": "replay"}
     assert _series("accel_gpu_nvlink_errors_total", link7, replay) in text
@@ -607,7 +605,7 @@ def test_unchanged_nvlinks_are_handed_over_again_and_any_change_is_written(open_
 def test_the_h100_exposition_matches_the_golden_file(open_nvml: Open) -> None:
     """Regenerate on purpose with ACCEL_UPDATE_GOLDEN=1, then review the diff."""
     _fake, reader = open_nvml("h100x8")
-    exposition = generate_latest(nvml_registry(reader.read())).decode()
+    exposition = client_text(nvml_metrics(reader.read()))
     if os.environ.get("ACCEL_UPDATE_GOLDEN") == "1":
         GOLDEN.write_text(exposition)
     assert exposition == GOLDEN.read_text()
@@ -634,7 +632,7 @@ def test_the_golden_exposition_passes_promtool_check_metrics() -> None:
 
 
 def _xid_families(registry: CollectorRegistry) -> int:
-    return generate_latest(registry).decode().count("# TYPE accel_gpu_xid_errors_total counter")
+    return generate_text(registry).decode().count("# TYPE accel_gpu_xid_errors_total counter")
 
 
 def test_nvml_xid_events_fill_in_while_the_kernel_log_cannot_be_read(open_nvml: Open, tmp_path: Path) -> None:
