@@ -16,11 +16,9 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import threading
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -31,6 +29,7 @@ from exporter.metric import CollectorRegistry
 from exporter.paths import PathCollector
 from exporter.readers.kmsg import KmsgFollower, KmsgStateStore
 from exporter.readers.nvml import DEFAULT_TIMEOUT, PynvmlReader
+from exporter.server import IPv6Server, Request, RequestHandler, Response, Server
 from exporter.sources import ExporterSettings, build_registry, build_sources
 
 if TYPE_CHECKING:  # the checks are imported where --checks asks for them (see _build_checks)
@@ -147,48 +146,36 @@ def make_handler(
     *,
     fast: CollectorRegistry | None = None,
     slow: CollectorRegistry | None = None,
-) -> type[BaseHTTPRequestHandler]:
+) -> type[RequestHandler]:
     """An HTTP handler class serving ``registry`` on /metrics (``fast`` and ``slow`` on /metrics/fast
     and /metrics/slow, when given), liveness on /healthz and, with ``checks``, active checks on
     /checks."""
     registries = {"/metrics": registry, "/metrics/fast": fast, "/metrics/slow": slow}
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path, _, query = self.path.partition("?")
+    class Handler(RequestHandler):
+        def answer(self, request: Request) -> Response:
+            path = request.path
             served = registries.get(path.rstrip("/") or path)
             if served is not None:
-                self._reply(HTTPStatus.OK, generate_text(served), CONTENT_TYPE)
-            elif path == "/checks":
+                return Response(HTTPStatus.OK, generate_text(served), CONTENT_TYPE)
+            if path == "/checks":
                 if checks is None:
-                    self._reply(HTTPStatus.NOT_FOUND, b"no checks on this node (--checks)\n", "text/plain")
-                    return
+                    return Response(HTTPStatus.NOT_FOUND, b"no checks on this node (--checks)\n")
                 from exporter.checks.endpoint import encode  # noqa: PLC0415  loaded with the checks
 
-                status, body = checks.handle(query, self.headers.get("Authorization"))
-                self._reply(status, encode(body), "application/json")
-            elif path == "/healthz":
-                self._reply(HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8")
-            else:
-                self._reply(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
-
-        def _reply(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
-            self.send_response(status)
-            if status == HTTPStatus.UNAUTHORIZED:
-                self.send_header("WWW-Authenticate", 'Bearer realm="accel-health"')
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:  # `format`: the base class's name
-            logger.debug("http: " + format, *args)
+                status, body = checks.handle(request.query, request.headers.get("authorization"))
+                challenge = (("WWW-Authenticate", 'Bearer realm="accel-health"'),)
+                return Response(
+                    status,
+                    encode(body),
+                    "application/json",
+                    challenge if status == HTTPStatus.UNAUTHORIZED else (),
+                )
+            if path == "/healthz":
+                return Response(HTTPStatus.OK, b"ok\n")
+            return Response(HTTPStatus.NOT_FOUND, b"not found\n")
 
     return Handler
-
-
-class _IPv6Server(ThreadingHTTPServer):
-    address_family = socket.AF_INET6
 
 
 def main(argv: Sequence[str] | None = None, *, nvml_library: Any = None, cuda_library: Any = None) -> int:
@@ -227,12 +214,10 @@ def main(argv: Sequence[str] | None = None, *, nvml_library: Any = None, cuda_li
     endpoint, scheduler = built if built is not None else (None, None)
     handler = _handler(settings, follower, nvml, endpoint, scheduler)
     try:
-        server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
-        server = server_class((host, port), handler)
+        server = (IPv6Server if ":" in host else Server)((host, port), handler)
     except OSError as exc:
         logger.error("cannot listen on %s:%d: %s", host, port, exc.strerror or exc)
         return 1
-    server.daemon_threads = True
 
     stop = threading.Event()
 
@@ -272,7 +257,7 @@ def _handler(
     nvml: PynvmlReader | None,
     endpoint: ChecksEndpoint | None,
     scheduler: Scheduler | None,
-) -> type[BaseHTTPRequestHandler]:
+) -> type[RequestHandler]:
     """The HTTP handler over the three scrape paths (see :mod:`exporter.paths`)."""
     sources = build_sources(settings, kmsg=follower, nvml=nvml)
     sources.extend([checks_source(endpoint.runner, scheduler)] if endpoint is not None else [])

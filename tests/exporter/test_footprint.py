@@ -1,5 +1,5 @@
 """What the exporter process loads: on a node that offers no checks, none of the checks' libraries,
-and nowhere prometheus_client's 12 MB package (the exporter has its data model, exporter.metric).
+and nowhere prometheus_client's package or http.server, which would load ssl and email (18 MB together).
 
 The exporter's main path runs in a child interpreter (``exporter.cli.main`` on a fixture node, scraped
 over HTTP once), which then reports the modules it holds; a module imported by this test process
@@ -22,8 +22,9 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 
 CHECKS_ONLY = ("aiohttp", "yaml", "kubernetes", "boto3", "botocore", "cuda", "exporter.checks")
 """Modules only the active checks (or the remediator) use."""
-NEVER = ("prometheus_client",)
-"""Modules the exporter never needs for its own series (see exporter.metric)."""
+NEVER = ("prometheus_client", "http.server", "http.client", "ssl", "email")
+"""Modules the exporter never needs: prometheus_client's package (exporter.metric is its data model)
+and the HTTP modules that import ssl and email (exporter.server answers on socketserver alone)."""
 
 _PROBE = textwrap.dedent(
     """
