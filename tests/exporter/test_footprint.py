@@ -28,26 +28,34 @@ and the HTTP modules that import ssl and email (exporter.server answers on socke
 
 _PROBE = textwrap.dedent(
     """
-    import json, os, signal, sys, threading, time, urllib.request
+    import json, os, signal, socket, sys, threading, time
 
     from exporter import cli
 
-    URL = "http://127.0.0.1:%(port)d"
+    PORT = %(port)d
     seen = {}
+
+    def get(path):  # a plain socket: urllib would load http.client, ssl and email into this process
+        with socket.create_connection(("127.0.0.1", PORT), timeout=10) as conn:
+            conn.sendall(f"GET {path} HTTP/1.1\\r\\nHost: probe\\r\\n\\r\\n".encode())
+            chunks = []
+            while chunk := conn.recv(65536):
+                chunks.append(chunk)
+        head, _, body = b"".join(chunks).partition(b"\\r\\n\\r\\n")
+        assert head.startswith(b"HTTP/1.0 200 "), head
+        return body
 
     def probe():
         deadline = time.monotonic() + 20
         while True:
             try:
-                with urllib.request.urlopen(URL + "/healthz", timeout=2) as answer:
-                    answer.read()
+                get("/healthz")
                 break
             except OSError:
                 if time.monotonic() > deadline:
                     os._exit(3)
                 time.sleep(0.05)
-        with urllib.request.urlopen(URL + "/metrics", timeout=10) as answer:
-            seen["scraped"] = len(answer.read())
+        seen["scraped"] = len(get("/metrics"))
         seen["modules"] = sorted(sys.modules)
         os.kill(os.getpid(), signal.SIGTERM)
 
