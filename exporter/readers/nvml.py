@@ -60,6 +60,9 @@ is lost (fell off the bus); ``timeout``: a call for it did not return within thi
 DEFAULT_TIMEOUT = 2.0
 """Seconds one read may take, all GPUs together."""
 
+NVML_LIBRARY = "libnvidia-ml.so.1"
+"""The driver's NVML library, as pynvml loads it on Linux."""
+
 DEFAULT_PATIENCE = 0.02
 """Seconds a read lets one worker read its GPUs one after another before it gives every GPU not yet
 begun a worker of its own (see :class:`_Batch`)."""
@@ -952,9 +955,26 @@ class _XidWatcher:
 # -- the reader ---------------------------------------------------------------------------------------
 
 
+def _library_missing() -> str | None:
+    """Why the driver's NVML library cannot be loaded; None when it can.
+
+    Asked before pynvml is imported, on every read until NVML initialises: a node without an NVIDIA
+    driver (a CPU or Trainium node, where the DaemonSet runs too) then never holds pynvml (4 MB), and
+    pays a failed ``dlopen`` per scrape instead of a trip to the system lane. A driver installed later
+    (the GPU Operator's driver container) is found on the next read. Where the library loads, this
+    leaves it loaded: pynvml's own ``dlopen`` gets the same handle.
+    """
+    try:
+        ctypes.CDLL(NVML_LIBRARY)
+    except OSError as exc:
+        return f"{NVML_LIBRARY} cannot be loaded: {exc}"
+    return None
+
+
 class PynvmlReader:
     """NVML through pynvml (nvidia-ml-py), every call bounded. Initialises on first read; retries
-    initialisation on every read while NVML is unavailable.
+    initialisation on every read while NVML is unavailable. Until the driver's library loads,
+    pynvml is not even imported (see :func:`_library_missing`).
 
     Reads are serialised: a scrape arriving while another reads waits for it (at most ``timeout``).
     """
@@ -991,6 +1011,8 @@ class PynvmlReader:
 
     def read(self, *, brief: bool = False) -> NvmlSnapshot:
         with self._read_lock:
+            if self._nvml is None and self._library is None and (missing := _library_missing()):
+                return self._snapshot(available=False, reason=missing)
             deadline = time.monotonic() + self.timeout
             count = self._enumerate(deadline)
             if isinstance(count, str):

@@ -8,6 +8,7 @@ cannot leak into that answer.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import shutil
 import socket
@@ -16,6 +17,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+from exporter.readers.nvml import NVML_LIBRARY
 from tests.exporter.helpers import GPU_NODE
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -102,6 +106,18 @@ def test_an_exporter_without_checks_loads_none_of_the_checks_libraries(tmp_path:
     modules = exporter_modules(tmp_path, "--nvml=off")
     assert "exporter.sources" in modules  # the probe saw a real exporter
     assert _loaded(modules, (*CHECKS_ONLY, *NEVER, "pynvml")) == []
+
+
+def test_without_the_drivers_nvml_library_nvml_auto_does_not_import_pynvml(tmp_path: Path) -> None:
+    try:
+        ctypes.CDLL(NVML_LIBRARY)
+    except OSError:
+        pass
+    else:
+        pytest.skip(f"{NVML_LIBRARY} loads here: a driver is present")
+    modules = exporter_modules(tmp_path, "--nvml=auto")
+    assert "exporter.readers.nvml" in modules
+    assert _loaded(modules, ("pynvml",)) == []
 
 
 def test_an_empty_checks_flag_is_no_checks(tmp_path: Path) -> None:
