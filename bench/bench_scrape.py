@@ -15,11 +15,17 @@ devices) in a scratch directory, then:
   ratio <= 1.0, RSS ratio <= 1.25.
 
 The exporter runs with the DaemonSet's flags (``--nvml=auto --state-dir=...``; no ``--checks``), on
-the fixture node's kernel log. node_exporter runs with its default collectors (``--collectors=default``,
-as deployed next to the exporter on a real node, and as issue 24's figures were taken: its other
-collectors read this machine's /proc) or with only its InfiniBand collector
-(``--collectors=infiniband``: ``--collector.disable-defaults --collector.infiniband``, the same tree and
-nothing else). ``--collectors=both`` runs the two comparisons one after the other (the default).
+the fixture node's kernel log. Which node_exporter it is held to:
+
+- ``default``, the comparison the targets judge: node_exporter with its default collectors, as it
+  runs next to the exporter on a real node, and as issue 24's figures were taken (its other
+  collectors read this machine's /proc and /sys/fs etc., its ``infiniband`` collector the tree);
+- ``infiniband``, printed for reference: ``--collector.disable-defaults --collector.infiniband``,
+  node_exporter reading the InfiniBand ports alone, while the exporter reads the same ports and also
+  the PCI bus (8 GPUs, their AER counters) and the kernel log: less work on one side.
+
+``--collectors=both`` (the default) runs the two one after the other. Scrapes are plain GETs on a new
+connection, no gzip (Prometheus would ask node_exporter for gzip, which only makes it slower).
 
     python bench/bench_scrape.py [--collectors default|infiniband|both] [--rounds N] [--skip-in-process]
 
@@ -263,9 +269,10 @@ def report(result: SideBySide, binary: str) -> None:
             f"p95 {result.p95_ms[name]:6.2f} ms, {result.sizes[name]:7d} bytes; "
             f"VmRSS after the scrapes {result.rss_mb[name]:5.1f} MB"
         )
+    judged = "target" if result.collectors == "default" else "for reference; the target is for defaults"
     print(
-        f"  ratio exporter/node_exporter: scrape median {result.scrape_ratio:.2f}x (target <= 1.0), "
-        f"RSS {result.rss_ratio:.2f}x (target <= 1.25)"
+        f"  ratio exporter/node_exporter: scrape median {result.scrape_ratio:.2f}x ({judged} <= 1.0), "
+        f"RSS {result.rss_ratio:.2f}x ({judged} <= 1.25)"
     )
     print(f"  /proc/loadavg before: {result.load_before}; after: {result.load_after}")
 
@@ -315,7 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for collectors in chosen:
             result = side_by_side(binary, collectors, args.rounds, scratch)
             report(result, binary)
-            ok = ok and result.scrape_ratio <= 1.0 and result.rss_ratio <= 1.25
+            if collectors == "default":  # the judged comparison (see the module's docstring)
+                ok = ok and result.scrape_ratio <= 1.0 and result.rss_ratio <= 1.25
     return 0 if ok else 1
 
 
