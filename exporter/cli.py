@@ -86,6 +86,13 @@ def _parser() -> argparse.ArgumentParser:
         help="bound on NVML calls per scrape, all GPUs together; a call still running is abandoned "
         f"and reported (default {DEFAULT_TIMEOUT:g})",
     )
+    parser.add_argument(
+        "--nvlink-per-link",
+        action="store_true",
+        help="also publish every NVLink's own state and error counters (accel_gpu_nvlink_link_up, "
+        "accel_gpu_nvlink_link_errors_total: 90 series a GPU); by default NVLink is published per GPU, "
+        "all links together",
+    )
     checks = parser.add_argument_group("active checks")
     checks.add_argument(
         "--checks",
@@ -192,6 +199,7 @@ def main(argv: Sequence[str] | None = None, *, nvml_library: Any = None, cuda_li
         nvml=args.nvml,
         nvml_timeout=args.nvml_timeout,
         state_dir=args.state_dir,
+        nvlink_per_link=args.nvlink_per_link,
     )
     host, port = args.listen
 

@@ -57,6 +57,8 @@ class ExporterSettings:
     """The file naming the current boot; state saved in another boot is ignored."""
     nvml_timeout: float = DEFAULT_TIMEOUT
     """Seconds one NVML read may take, all GPUs together; calls still running then are abandoned."""
+    nvlink_per_link: bool = False
+    """Also publish each NVLink's own series (90 a GPU; per GPU, all links together, is the default)."""
 
 
 class XidOwnership:
@@ -162,7 +164,7 @@ def build_sources(
             if any(not gpu.pci_bus_id or not gpu.uuid for gpu in snapshot.gpus):
                 bus_ids = {index: pci for pci, index in pci_state.gpu_indices.items()}
                 uuids = kmsg.snapshot().gpu_uuids if kmsg is not None else {}
-            families = nvml_metrics(snapshot, bus_ids=bus_ids, uuids=uuids)
+            families = nvml_metrics(snapshot, bus_ids=bus_ids, uuids=uuids, per_link=settings.nvlink_per_link)
             if not xids.kmsg_published():
                 families.extend(nvml_xid_metrics(reader.xid_events()))
             return families

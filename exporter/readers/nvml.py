@@ -43,7 +43,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
@@ -62,6 +62,10 @@ DEFAULT_TIMEOUT = 2.0
 
 NVML_LIBRARY = "libnvidia-ml.so.1"
 """The driver's NVML library, as pynvml loads it on Linux."""
+
+_MAX_TALLIES = 256
+"""GPUs whose NVLink readings a reader keeps; past that it starts again (totals then restart at the
+links' sums, which Prometheus may read as one counter reset)."""
 
 DEFAULT_PATIENCE = 0.02
 """Seconds a read lets one worker read its GPUs one after another before it gives every GPU not yet
@@ -147,6 +151,63 @@ class NvLink(NamedTuple):
     """Data-link recoveries (``NVML_NVLINK_ERROR_DL_RECOVERY``)."""
 
 
+NVLINK_ERROR_NAMES = ("crc_flit", "crc_data", "replay", "recovery")
+""":class:`NvLink`'s counter fields, in order."""
+
+
+class NvLinkTotals(NamedTuple):
+    """A GPU's NVLink links taken together, as :class:`PynvmlReader` keeps them from read to read.
+
+    The error totals are the sums of the links' counters (each counts since the driver loaded), made
+    to behave as one counter: they never go down while the reader lives. A counter that cannot be read
+    in one read keeps its last value in the sum, and a counter that went down (its link's counters
+    were reset, or the driver reloaded) adds its new value rather than taking the old one away; a
+    plain sum would drop then, and Prometheus would take the drop for a counter reset and count the
+    whole total again as new errors.
+    """
+
+    links: int
+    """Links the GPU has (those NVML enumerated at its first read)."""
+    links_up: int
+    """Links that are active. A link whose state could not be read in this read counts as it was last
+    read; one never read does not count."""
+    crc_flit: int | None
+    """Data-link flit CRC errors, all links; None while no link ever reported the counter."""
+    crc_data: int | None
+    """Data-link data CRC errors, all links; None while no link ever reported the counter."""
+    replay: int | None
+    """Data-link replays, all links; None while no link ever reported the counter."""
+    recovery: int | None
+    """Data-link recoveries, all links; None while no link ever reported the counter."""
+
+
+class _LinkTally:
+    """One GPU's NVLink readings kept between reads, from which its :class:`NvLinkTotals` come."""
+
+    def __init__(self) -> None:
+        self.raw: dict[tuple[int, int], int] = {}
+        """(link, counter position) -> the counter's value at its last successful read."""
+        self.totals: list[int | None] = [None] * len(NVLINK_ERROR_NAMES)
+        """The published totals, by counter position."""
+        self.up: dict[int, bool] = {}
+        """Link -> its state at its last successful read."""
+
+    def add(self, nvlinks: tuple[NvLink, ...]) -> NvLinkTotals:
+        raw, totals, up = self.raw, self.totals, self.up
+        for nvlink in nvlinks:
+            if nvlink.up is not None:
+                up[nvlink.link] = nvlink.up
+            for position, value in enumerate(nvlink[2:]):
+                if value is None:  # unreadable now: its last value stays in the total
+                    continue
+                before = raw.get((nvlink.link, position))
+                # First sight: its whole count; a drop (a reset): counted again from zero.
+                grown = value if before is None or value < before else value - before
+                raw[nvlink.link, position] = value
+                totals[position] = (totals[position] or 0) + grown
+        return NvLinkTotals(len(nvlinks), sum(1 for nvlink in nvlinks if up.get(nvlink.link)), *totals)
+
+
 @dataclass(frozen=True)
 class ClockThrottle:
     """Active clock-throttle (clocks-event) reasons; None for a reason the GPU does not support."""
@@ -190,7 +251,10 @@ class NvmlGpuHealth:
     pcie: PcieStatus | None = None
     """None when NVML tells nothing about the link."""
     nvlinks: tuple[NvLink, ...] = ()
-    """Links the GPU has; empty without NVLink."""
+    """Links the GPU has, as read now; empty without NVLink."""
+    nvlink_totals: NvLinkTotals | None = None
+    """The links together, kept from read to read (see :class:`NvLinkTotals`); None without NVLink,
+    in a brief read, and from readers that keep no totals."""
     clock_throttle: ClockThrottle | None = None
     """None when the GPU reports no clock-event reasons."""
     temperature_celsius: float | None = None
@@ -1004,6 +1068,8 @@ class PynvmlReader:
         self._reading: dict[int, _Job[_GpuResult]] = {}
         """GPU index -> its latest job; one not done is stuck (later reads skip the GPU)."""
         self._known: dict[int, _Identity] = {}
+        self._link_tallies: dict[str, _LinkTally] = {}
+        """GPU UUID -> its NVLink readings, for :class:`NvLinkTotals`; kept across close()."""
         self._timeouts: dict[str, int] = {}
         self._errors: dict[tuple[str, str], int] = {}
         self._watch_lock = threading.Lock()
@@ -1132,8 +1198,20 @@ class PynvmlReader:
             else:
                 self._known[index] = job.result.identity
                 self._count_errors(job.result.errors)
-                gpus[index] = job.result.health
+                gpus[index] = self._with_nvlink_totals(job.result.health)
         return tuple(gpus[index] for index in range(count))
+
+    def _with_nvlink_totals(self, health: NvmlGpuHealth) -> NvmlGpuHealth:
+        """``health`` with its links' totals, kept per GPU (by UUID) from read to read."""
+        if not health.nvlinks:  # no NVLink, or a brief read: nothing to add, nothing to forget
+            return health
+        key = health.uuid or health.pci_bus_id or f"index {health.index}"
+        tally = self._link_tallies.get(key)
+        if tally is None:
+            if len(self._link_tallies) >= _MAX_TALLIES:  # GPUs replaced over a long uptime
+                self._link_tallies.clear()
+            tally = self._link_tallies[key] = _LinkTally()
+        return replace(health, nvlink_totals=tally.add(health.nvlinks))
 
     def _stalled(self, index: int, job: _Job[Any], status: GpuStatus, *, begun: bool = True) -> NvmlGpuHealth:
         """A GPU whose job has not finished; one no worker has ``begun`` names no call."""
