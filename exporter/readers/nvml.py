@@ -191,8 +191,12 @@ class _LinkTally:
         """The published totals, by counter position."""
         self.up: dict[int, bool] = {}
         """Link -> its state at its last successful read."""
+        self.last: tuple[tuple[NvLink, ...], NvLinkTotals] | None = None
+        """The links last added and the totals made of them."""
 
     def add(self, nvlinks: tuple[NvLink, ...]) -> NvLinkTotals:
+        if (last := self.last) is not None and last[0] == nvlinks:  # the usual case: nothing moved
+            return last[1]
         raw, totals, up = self.raw, self.totals, self.up
         for nvlink in nvlinks:
             if nvlink.up is not None:
@@ -205,7 +209,9 @@ class _LinkTally:
                 grown = value if before is None or value < before else value - before
                 raw[nvlink.link, position] = value
                 totals[position] = (totals[position] or 0) + grown
-        return NvLinkTotals(len(nvlinks), sum(1 for nvlink in nvlinks if up.get(nvlink.link)), *totals)
+        made = NvLinkTotals(len(nvlinks), sum(1 for nvlink in nvlinks if up.get(nvlink.link)), *totals)
+        self.last = (nvlinks, made)
+        return made
 
 
 @dataclass(frozen=True)

@@ -913,6 +913,14 @@ def test_on_a_real_gpu_batched_link_states_agree_with_asking_link_by_link() -> N
             for link in gpu.nvlinks:
                 assert link.up == bool(pynvml.nvmlDeviceGetNvLinkState(handle, link.link)), (gpu, link)
                 links += 1
+            if gpu.nvlinks:  # the first read's totals: the links' own counts and states
+                totals = gpu.nvlink_totals
+                assert totals is not None
+                assert (totals.links, totals.links_up) == (
+                    len(gpu.nvlinks),
+                    sum(1 for k in gpu.nvlinks if k.up),
+                )
+                assert totals.replay == sum(k.replay or 0 for k in gpu.nvlinks)
         print(
             f"real NVML: {len(snapshot.gpus)} GPUs, {links} NVLink links, one read took {took * 1000:.1f} ms"
         )
