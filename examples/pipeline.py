@@ -303,8 +303,8 @@ class Pipeline:
         self._wait_for(
             "Prometheus to scrape every exporter target",
             lambda: (
-                len(self.query('up{job="accel-health-exporter"} == 1'))
-                == len(self.exporter_ports) + len(self.extra_exporter_targets)
+                len(self.query('up{job=~"accel-health-exporter|accel-health-exporter-fast"} == 1'))
+                == 2 * (len(self.exporter_ports) + len(self.extra_exporter_targets))
             ),
             timeout=30.0,
         )
@@ -451,15 +451,19 @@ class Pipeline:
 
     def _render_prometheus_config(self) -> str:
         config = {
-            # One-second intervals keep the demo short; the shipped manifests use 10s (see alerts/).
+            # One-second intervals keep the demo short; the shipped manifests scrape the fast path every
+            # 2 s and the slow one every 60 s (see alerts/README.md).
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(p) for p in sorted(RULES_DIR.glob("*.yaml"))],
             "alerting": {
                 "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.alertmanager_port}"]}]}]
             },
             "scrape_configs": [
+                # The exporter's two paths as deploy/prometheus scrapes them (exporter/paths.py), both
+                # every second here.
                 {
-                    "job_name": "accel-health-exporter",
+                    "job_name": job,
+                    "metrics_path": path,
                     "static_configs": [
                         # In a cluster the `node` label comes from the pod's node name (relabeling).
                         {"targets": [f"127.0.0.1:{port}"], "labels": {"node": node}}
@@ -469,7 +473,13 @@ class Pipeline:
                         {"targets": [target], "labels": {"node": node}}
                         for node, target in self.extra_exporter_targets.items()
                     ],
-                },
+                }
+                for job, path in (
+                    ("accel-health-exporter-fast", "/metrics/fast"),
+                    ("accel-health-exporter", "/metrics/slow"),
+                )
+            ]
+            + [
                 {
                     # The remediator's own metrics (decisions, webhooks, budget), as its PodMonitor does.
                     "job_name": "accel-health-remediator",

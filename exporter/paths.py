@@ -65,6 +65,14 @@ FAST: Mapping[str, RowFilter] = {
 """Series name -> which of its series are on the fast path (every one when None)."""
 
 
+def is_fast(name: str, labels: Labels) -> bool:
+    """Whether the series ``name{labels}`` is served on the fast path."""
+    if name not in FAST:
+        return False
+    row_filter = FAST[name]
+    return row_filter is None or row_filter(labels)
+
+
 def _sample_names(metric: Metric) -> set[str]:
     if isinstance(metric, Family):
         return {metric.spec.sample_name}

@@ -25,6 +25,7 @@ from pathlib import Path
 import yaml
 
 from exporter.metric import Metric
+from exporter.paths import is_fast
 from exporter.readers.kmsg import KmsgFollower
 from exporter.sources import ExporterSettings, build_registry, build_sources
 
@@ -40,6 +41,8 @@ HEALTHY_SAMPLES = 120
 FAULT_SAMPLES = 60
 """Ten minutes after the faults."""
 JOB = "accel-health-exporter"
+FAST_JOB = "accel-health-exporter-fast"
+"""The two scrape jobs: a series is in the fast one when the exporter serves it on /metrics/fast."""
 MODEL = "NVIDIA H100 80GB HBM3"
 RUNBOOK = "https://github.com/accel-health/accel-health/blob/main/alerts/runbook.md"
 
@@ -188,7 +191,7 @@ def _phase(node: Node, *, faulty: bool) -> dict[str, dict[Labels, float]]:
     if node.nvml:
         gpus = [dict(labels) for labels in series.get("accel_gpu_info", {})]
         series.update(_nvml_series(gpus, lost=LOST_GPU if faulty else None))
-    series["up"] = {(): 1.0}
+    series["up"] = {(("job", JOB),): 1.0, (("job", FAST_JOB),): 1.0}
     return series
 
 
@@ -218,7 +221,8 @@ def input_series() -> list[dict[str, str]]:
         for name in sorted(set(healthy) | set(faulty)):
             before, after = healthy.get(name, {}), faulty.get(name, {})
             for labels in sorted(set(before) | set(after)):
-                full = {"job": JOB, "instance": node.instance, "node": node.name, **dict(labels)}
+                job = FAST_JOB if is_fast(name, dict(labels)) else JOB
+                full = {"job": job, "instance": node.instance, "node": node.name, **dict(labels)}
                 out.append(
                     {
                         "series": _selector(name, full),
@@ -238,7 +242,13 @@ def alert_names() -> list[str]:
 
 
 def _expected_firing() -> dict[str, list[dict[str, object]]]:
-    gpu = {"job": JOB, "instance": "10.0.0.1:9835", "node": "gpu-node-1", "pci_bus_id": LOST_GPU, "gpu": "4"}
+    gpu = {
+        "job": FAST_JOB,
+        "instance": "10.0.0.1:9835",
+        "node": "gpu-node-1",
+        "pci_bus_id": LOST_GPU,
+        "gpu": "4",
+    }
     uuid = next(
         dict(labels)["uuid"]
         for labels in _phase(NODE_LIST[0], faulty=False)["accel_gpu_info"]
@@ -285,7 +295,7 @@ def _expected_firing() -> dict[str, list[dict[str, object]]]:
                 "exp_labels": {
                     "severity": "critical",
                     "remediation": "replace",
-                    "job": JOB,
+                    "job": FAST_JOB,
                     "instance": "10.0.1.1:9835",
                     "node": "trn-node-1",
                     "neuron_device": "0",

@@ -20,8 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from examples.pipeline import DEMO_FAULTS, Fault, Pipeline, PipelineError, http_get, scratch_dir
+from exporter.exposition import generate_text
+from exporter.metric import Metric
+from exporter.paths import cut
+from tests.exporter.helpers import exporter_metric
 
 REPO = Path(__file__).resolve().parent.parent.parent
 DASHBOARDS = {"fleet-overview.json": "accel-health-fleet", "node-detail.json": "accel-health-node"}
@@ -144,11 +149,28 @@ def test_queries_name_only_series_that_exist(name: str) -> None:
 # -- against real Prometheus -----------------------------------------------------------------------
 
 
+class _Families:
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
 def _serve_files(*paths: Path) -> ThreadingHTTPServer:
-    body = b"".join(path.read_bytes() for path in paths)
+    """The files' series, split into the exporter's fast and slow paths as it serves them."""
+    text = b"".join(path.read_bytes() for path in paths).decode()
+    bodies = {
+        f"/metrics/{part}": generate_text(
+            _Families(list(cut(map(exporter_metric, text_string_to_metric_families(text)), part)))
+        )
+        for part in ("fast", "slow")
+    }
+    bodies["/metrics"] = text.encode()
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            body = bodies[self.path]
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))

@@ -85,8 +85,10 @@ def test_custom_resources_have_the_fields_the_operator_requires(
             endpoints = spec["endpoints" if kind == "ServiceMonitor" else "podMetricsEndpoints"]
             for endpoint in endpoints:
                 assert endpoint["port"]
-                # The exporter at the latency budget's 5 s (alerts/README.md), the remediator at 10 s.
-                assert endpoint["interval"] == ("5s" if kind == "ServiceMonitor" else "10s")
+                # The exporter's fast path at the latency budget's 2 s (alerts/README.md), its slow
+                # path at 60 s, the remediator at 10 s.
+                expected = {"/metrics/fast": "2s", "/metrics/slow": "60s", "/metrics": "10s"}
+                assert endpoint["interval"] == expected[endpoint["path"]]
                 for relabel in endpoint.get("relabelings", []):
                     assert relabel.get("action", "replace") in RELABEL_ACTIONS
                     assert re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", relabel["targetLabel"])
@@ -355,19 +357,27 @@ def test_scrape_config_sets_node_from_the_pod_node_name_and_job_matches_the_rule
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
     objects = rendered["dry-run"]
-    monitor = find(objects, "ServiceMonitor", "accel-health-exporter")
-    (endpoint,) = monitor["spec"]["endpoints"]
-    assert {
-        "sourceLabels": ["__meta_kubernetes_pod_node_name"],
-        "targetLabel": "node",
-        "action": "replace",
-    } in endpoint["relabelings"]
-    # The Operator names the job after the Service; alerts/exporter.yaml selects that job.
     service = find(objects, "Service", "accel-health-exporter")
-    assert "jobLabel" not in monitor["spec"]
     rules = (REPO / "alerts" / "exporter.yaml").read_text()
-    assert f'job="{service["metadata"]["name"]}"' in rules
-    assert service["spec"]["selector"] == monitor["spec"]["selector"]["matchLabels"]
+    paths = {}
+    for name in ("accel-health-exporter", "accel-health-exporter-fast"):
+        monitor = find(objects, "ServiceMonitor", name)
+        (endpoint,) = monitor["spec"]["endpoints"]
+        paths[name] = endpoint["path"]
+        assert {
+            "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+            "targetLabel": "node",
+            "action": "replace",
+        } in endpoint["relabelings"]
+        assert "jobLabel" not in monitor["spec"]
+        assert service["spec"]["selector"] == monitor["spec"]["selector"]["matchLabels"]
+        # The Operator names the job after the Service; the fast path renames its own, so the two
+        # paths' targets differ. alerts/exporter.yaml selects both job names.
+        renamed = [r for r in endpoint["relabelings"] if r.get("targetLabel") == "job"]
+        job = renamed[0]["replacement"] if renamed else service["metadata"]["name"]
+        assert job == name
+        assert job in rules
+    assert paths == {"accel-health-exporter": "/metrics/slow", "accel-health-exporter-fast": "/metrics/fast"}
 
 
 # -- the remediator ----------------------------------------------------------------------------------
@@ -539,10 +549,14 @@ def test_the_plain_prometheus_config_is_valid_and_labels_like_the_servicemonitor
     source = DEPLOY / "prometheus" / "prometheus.yaml"
     config = yaml.safe_load(source.read_text())
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    assert set(jobs) == {"accel-health-exporter", "accel-health-remediator"}
-    assert {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node"} in jobs[
-        "accel-health-exporter"
-    ]["relabel_configs"]
+    assert set(jobs) == {"accel-health-exporter", "accel-health-exporter-fast", "accel-health-remediator"}
+    for name in ("accel-health-exporter", "accel-health-exporter-fast"):
+        labels = jobs[name]["relabel_configs"]
+        assert {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node"} in labels
+    # The two paths, at the ServiceMonitors' intervals.
+    fast, slow = jobs["accel-health-exporter-fast"], jobs["accel-health-exporter"]
+    assert (fast["metrics_path"], fast["scrape_interval"]) == ("/metrics/fast", "2s")
+    assert (slow["metrics_path"], slow["scrape_interval"]) == ("/metrics/slow", "60s")
     assert config["global"]["scrape_interval"] == config["global"]["evaluation_interval"] == "10s"
     # Debian builds Prometheus without Kubernetes service discovery, so promtool here rejects the
     # block: check it by hand and let promtool check everything else, relabeling included.

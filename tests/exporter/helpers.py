@@ -15,7 +15,7 @@ import prometheus_client
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample as ClientSample
 
-from exporter.metric import Metric
+from exporter.metric import Metric, Sample
 
 EXPORTER = Path(sys.executable).parent / "accel-health-exporter"
 _LISTENING = re.compile(r"listening on (127\.0\.0\.1:\d+)")
@@ -61,6 +61,13 @@ def client_metric(family: Metric) -> prometheus_client.Metric:
     """The same family as prometheus_client's own ``Metric``, sample by sample."""
     converted = prometheus_client.Metric(family.name, family.documentation, family.type, family.unit)
     converted.samples = [ClientSample(s.name, dict(s.labels), s.value, s.timestamp) for s in family.samples]
+    return converted
+
+
+def exporter_metric(family: prometheus_client.Metric) -> Metric:
+    """A family prometheus_client parsed, as the exporter's own ``Metric``, sample by sample."""
+    converted = Metric(family.name, family.documentation, family.type, family.unit)
+    converted.samples = [Sample(s.name, dict(s.labels), s.value) for s in family.samples]
     return converted
 
 
