@@ -18,12 +18,9 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
-
 from exporter.collectors.nvml import nvml_metrics
 from exporter.exposition import generate_text
+from exporter.metric import CollectorRegistry, Metric
 from exporter.readers.nvml import PynvmlReader
 from exporter.sources import ExporterSettings, build_registry, build_sources
 
@@ -36,7 +33,7 @@ NODE_SYSFS = ROOT / "examples" / "nodes" / "gpu-node-1" / "sys"
 TARGET_MS = 5.0
 
 
-class _Fixed(Collector):
+class _Fixed:
     def __init__(self, families: list[Metric]) -> None:
         self.families = families
 

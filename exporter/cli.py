@@ -16,32 +16,26 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import threading
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry
-
-from exporter.checks.catalog import build_checks, parse_names
-from exporter.checks.cuda import CudaBindingsDriver
-from exporter.checks.endpoint import ChecksEndpoint, encode
-from exporter.checks.fanout import EXPORTER_SELECTOR
-from exporter.checks.metrics import check_metrics
-from exporter.checks.network import IperfServer
-from exporter.checks.runner import CheckRunner
-from exporter.checks.schedule import ScheduleError, Scheduler, load_schedule
-from exporter.checks.usage import NvmlProcesses, PodAccelerators, UsageProbe
 from exporter.collectors.framework import Source, SourcesCollector
 from exporter.exposition import CONTENT_TYPE, generate_text
+from exporter.metric import CollectorRegistry
 from exporter.paths import PathCollector
 from exporter.readers.kmsg import KmsgFollower, KmsgStateStore
 from exporter.readers.nvml import DEFAULT_TIMEOUT, PynvmlReader
+from exporter.server import IPv6Server, Request, RequestHandler, Response, Server
 from exporter.sources import ExporterSettings, build_registry, build_sources
+
+if TYPE_CHECKING:  # the checks are imported where --checks asks for them (see _build_checks)
+    from exporter.checks.endpoint import ChecksEndpoint
+    from exporter.checks.runner import CheckRunner
+    from exporter.checks.schedule import Scheduler
 
 logger = logging.getLogger("exporter")
 
@@ -92,6 +86,13 @@ def _parser() -> argparse.ArgumentParser:
         help="bound on NVML calls per scrape, all GPUs together; a call still running is abandoned "
         f"and reported (default {DEFAULT_TIMEOUT:g})",
     )
+    parser.add_argument(
+        "--nvlink-per-link",
+        action="store_true",
+        help="also publish every NVLink's own state and error counters (accel_gpu_nvlink_link_up, "
+        "accel_gpu_nvlink_link_errors_total: 90 series a GPU); by default NVLink is published per GPU, "
+        "all links together",
+    )
     checks = parser.add_argument_group("active checks")
     checks.add_argument(
         "--checks",
@@ -136,6 +137,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check_names(text: str) -> tuple[str, ...]:
+    if not text.replace(",", "").strip():  # `--checks=`: none, and nothing of the checks imported
+        return ()
+    from exporter.checks.catalog import parse_names  # noqa: PLC0415  only where checks are asked for
+
     try:
         return parse_names(text)
     except ValueError as exc:
@@ -148,46 +153,36 @@ def make_handler(
     *,
     fast: CollectorRegistry | None = None,
     slow: CollectorRegistry | None = None,
-) -> type[BaseHTTPRequestHandler]:
+) -> type[RequestHandler]:
     """An HTTP handler class serving ``registry`` on /metrics (``fast`` and ``slow`` on /metrics/fast
     and /metrics/slow, when given), liveness on /healthz and, with ``checks``, active checks on
     /checks."""
     registries = {"/metrics": registry, "/metrics/fast": fast, "/metrics/slow": slow}
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path, _, query = self.path.partition("?")
+    class Handler(RequestHandler):
+        def answer(self, request: Request) -> Response:
+            path = request.path
             served = registries.get(path.rstrip("/") or path)
             if served is not None:
-                self._reply(HTTPStatus.OK, generate_text(served), CONTENT_TYPE)
-            elif path == "/checks":
+                return Response(HTTPStatus.OK, generate_text(served), CONTENT_TYPE)
+            if path == "/checks":
                 if checks is None:
-                    self._reply(HTTPStatus.NOT_FOUND, b"no checks on this node (--checks)\n", "text/plain")
-                    return
-                status, body = checks.handle(query, self.headers.get("Authorization"))
-                self._reply(status, encode(body), "application/json")
-            elif path == "/healthz":
-                self._reply(HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8")
-            else:
-                self._reply(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
+                    return Response(HTTPStatus.NOT_FOUND, b"no checks on this node (--checks)\n")
+                from exporter.checks.endpoint import encode  # noqa: PLC0415  loaded with the checks
 
-        def _reply(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
-            self.send_response(status)
-            if status == HTTPStatus.UNAUTHORIZED:
-                self.send_header("WWW-Authenticate", 'Bearer realm="accel-health"')
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:  # `format`: the base class's name
-            logger.debug("http: " + format, *args)
+                status, body = checks.handle(request.query, request.headers.get("authorization"))
+                challenge = (("WWW-Authenticate", 'Bearer realm="accel-health"'),)
+                return Response(
+                    status,
+                    encode(body),
+                    "application/json",
+                    challenge if status == HTTPStatus.UNAUTHORIZED else (),
+                )
+            if path == "/healthz":
+                return Response(HTTPStatus.OK, b"ok\n")
+            return Response(HTTPStatus.NOT_FOUND, b"not found\n")
 
     return Handler
-
-
-class _IPv6Server(ThreadingHTTPServer):
-    address_family = socket.AF_INET6
 
 
 def main(argv: Sequence[str] | None = None, *, nvml_library: Any = None, cuda_library: Any = None) -> int:
@@ -204,6 +199,7 @@ def main(argv: Sequence[str] | None = None, *, nvml_library: Any = None, cuda_li
         nvml=args.nvml,
         nvml_timeout=args.nvml_timeout,
         state_dir=args.state_dir,
+        nvlink_per_link=args.nvlink_per_link,
     )
     host, port = args.listen
 
@@ -226,12 +222,10 @@ def main(argv: Sequence[str] | None = None, *, nvml_library: Any = None, cuda_li
     endpoint, scheduler = built if built is not None else (None, None)
     handler = _handler(settings, follower, nvml, endpoint, scheduler)
     try:
-        server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
-        server = server_class((host, port), handler)
+        server = (IPv6Server if ":" in host else Server)((host, port), handler)
     except OSError as exc:
         logger.error("cannot listen on %s:%d: %s", host, port, exc.strerror or exc)
         return 1
-    server.daemon_threads = True
 
     stop = threading.Event()
 
@@ -271,7 +265,7 @@ def _handler(
     nvml: PynvmlReader | None,
     endpoint: ChecksEndpoint | None,
     scheduler: Scheduler | None,
-) -> type[BaseHTTPRequestHandler]:
+) -> type[RequestHandler]:
     """The HTTP handler over the three scrape paths (see :mod:`exporter.paths`)."""
     sources = build_sources(settings, kmsg=follower, nvml=nvml)
     sources.extend([checks_source(endpoint.runner, scheduler)] if endpoint is not None else [])
@@ -285,6 +279,8 @@ def _handler(
 
 def checks_source(runner: CheckRunner, scheduler: Scheduler | None) -> Source:
     """The ``checks`` source: the runner's latest results as series."""
+    from exporter.checks.metrics import check_metrics  # noqa: PLC0415  only with --checks
+
     intervals = {} if scheduler is None else {name: s.interval for name, s in scheduler.schedule.items()}
     return Source(
         "checks", lambda: check_metrics(runner.latest(), runner.runs(), runner.skipped_gpus(), intervals)
@@ -321,6 +317,8 @@ def _list_node_pods(node: str) -> list[Mapping[str, Any]]:
 
 def _list_exporter_pods(namespace: str) -> list[Mapping[str, Any]]:
     """The exporter pods (this one's peers, for ``ping``/``iperf``) through the in-cluster API."""
+    from exporter.checks.network import EXPORTER_SELECTOR  # noqa: PLC0415  only with --checks
+
     config: Any = importlib.import_module("kubernetes.config")
     client: Any = importlib.import_module("kubernetes.client")
     config.load_incluster_config()
@@ -339,9 +337,28 @@ def _build_checks(
     cuda_library: Any = None,
 ) -> tuple[ChecksEndpoint, Scheduler | None] | None:
     """The checks endpoint and schedule the flags ask for; None without --checks; ValueError for
-    flags that contradict each other or a bad schedule."""
+    flags that contradict each other or a bad schedule.
+
+    The checks' modules are imported here, not with this module: a node that offers no checks loads
+    none of them (nor what they use: YAML, the CUDA bindings, the Kubernetes client)."""
     if not args.checks:
         return None
+    from exporter.checks.catalog import build_checks  # noqa: PLC0415  see the docstring
+    from exporter.checks.cuda import CudaBindingsDriver  # noqa: PLC0415  see the docstring
+    from exporter.checks.endpoint import ChecksEndpoint  # noqa: PLC0415  see the docstring
+    from exporter.checks.network import IperfServer  # noqa: PLC0415  see the docstring
+    from exporter.checks.runner import CheckRunner  # noqa: PLC0415  see the docstring
+    from exporter.checks.schedule import (  # noqa: PLC0415  see the docstring
+        ScheduleError,
+        Scheduler,
+        load_schedule,
+    )
+    from exporter.checks.usage import (  # noqa: PLC0415  see the docstring
+        NvmlProcesses,
+        PodAccelerators,
+        UsageProbe,
+    )
+
     if args.checks_token_file is None and not args.checks_insecure_no_auth:
         raise ValueError("--checks needs --checks-token-file FILE (or --checks-insecure-no-auth)")
     if args.checks_token_file is not None and args.checks_insecure_no_auth:

@@ -4,12 +4,13 @@ prometheus_client's ``generate_latest`` validates and escapes every label name o
 GPU node with a thousand label-heavy series that is most of a scrape's cost. The exporter only ever
 publishes gauges and counters with legacy-valid names and no timestamps, so this encoder writes those
 directly and produces the same bytes as ``generate_latest`` (tests hold it to that). Anything outside
-that shape (another metric type, a timestamp, an exemplar, a name needing escaping) is handed to
-``generate_latest`` unchanged.
+that shape (another metric type, a timestamp, an exemplar, a name needing escaping: none of the
+exporter's own families, but any prometheus_client family handed in) goes to ``generate_latest``
+unchanged, and only then is prometheus_client imported (see :mod:`exporter.metric`).
 
 Collectors with many series of a fixed shape (NVML: a thousand per 8-GPU node) build :class:`Family`
 objects from a :class:`FamilySpec` made once at import. A family holds label-value rows rather than
-prometheus_client samples, and its spec remembers each label set's rendered ``name{...}``, so a series
+samples, and its spec remembers each label set's rendered ``name{...}``, so a series
 already written in an earlier scrape costs one dictionary lookup. A collector may hand a family the very
 rows (an immutable tuple) it handed over in the previous scrape, when nothing in them changed: the spec
 then gives back that scrape's text without writing it again. Its ``samples`` are still there for any
@@ -23,13 +24,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
-from typing import Literal
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Literal, Protocol
 
-from prometheus_client import generate_latest
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample
+from exporter.metric import Metric, Sample
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -128,7 +126,7 @@ class FamilySpec:
 class Family(Metric):
     """One scrape's series of a :class:`FamilySpec`, kept as (label values, value) rows.
 
-    ``samples`` builds prometheus_client samples on demand, for readers other than :func:`encode`.
+    ``samples`` builds samples on demand, for readers other than :func:`encode`.
     """
 
     def __init__(self, spec: FamilySpec, rows: tuple[Row, ...] = ()) -> None:
@@ -177,7 +175,39 @@ class Family(Metric):
         return text
 
 
-def encode(families: Iterable[Metric]) -> bytes | None:
+class SampleLike(Protocol):
+    """A sample as :func:`encode` reads it: this package's :class:`~exporter.metric.Sample` or
+    prometheus_client's."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+    @property
+    def value(self) -> float: ...
+    @property
+    def timestamp(self) -> object: ...
+    @property
+    def exemplar(self) -> object: ...
+    @property
+    def native_histogram(self) -> object: ...
+
+
+class MetricLike(Protocol):
+    """A family as :func:`encode` reads it: this package's :class:`~exporter.metric.Metric` or
+    prometheus_client's."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def documentation(self) -> str: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def samples(self) -> Sequence[SampleLike]: ...
+
+
+def encode(families: Iterable[MetricLike]) -> bytes | None:
     """The text exposition of ``families``; None when one of them needs prometheus_client's encoder.
 
     Each distinct label-name set is validated and sorted once, and each distinct label value escaped
@@ -230,18 +260,27 @@ def encode(families: Iterable[Metric]) -> bytes | None:
     return "".join(out).encode("utf-8")
 
 
-class _Replay(Collector):
+class _Replay:
     """One collection, handed to prometheus_client's encoder as it was collected."""
 
-    def __init__(self, families: list[Metric]) -> None:
+    def __init__(self, families: list[MetricLike]) -> None:
         self._families = families
 
-    def collect(self) -> Iterable[Metric]:
+    def collect(self) -> Iterator[Any]:  # prometheus_client reads either kind of family alike
         return iter(self._families)
 
 
-def generate_text(registry: Collector) -> bytes:
-    """What ``generate_latest(registry)`` returns, from one collection of the registry."""
+class _Collects(Protocol):
+    def collect(self) -> Iterable[MetricLike]: ...
+
+
+def generate_text(registry: _Collects) -> bytes:
+    """What prometheus_client's ``generate_latest(registry)`` returns, from one collection of the
+    registry; prometheus_client itself is imported only for a family :func:`encode` cannot write."""
     families = list(registry.collect())
     encoded = encode(families)
-    return encoded if encoded is not None else generate_latest(_Replay(families))
+    if encoded is not None:
+        return encoded
+    from prometheus_client import exposition  # noqa: PLC0415  12 MB the exporter's own families never need
+
+    return exposition.generate_latest(_Replay(families))

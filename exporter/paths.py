@@ -23,11 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Literal
 
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample
-
 from exporter.exposition import Family
+from exporter.metric import Collector, Metric, Sample
 
 ScrapePath = Literal["all", "fast", "slow"]
 PATHS: tuple[ScrapePath, ...] = ("all", "fast", "slow")

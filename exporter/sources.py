@@ -14,9 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import Metric
-
 from exporter.collectors.framework import (
     HardwareAbsentError,
     Source,
@@ -28,6 +25,7 @@ from exporter.collectors.kmsg import kmsg_metrics
 from exporter.collectors.neuron import neuron_metrics
 from exporter.collectors.nvml import nvml_metrics, nvml_xid_metrics
 from exporter.collectors.pci import pci_metrics
+from exporter.metric import CollectorRegistry, Metric
 from exporter.paths import FAST_INFINIBAND_COUNTERS, PathCollector, ScrapePath
 from exporter.readers.kmsg import BOOT_ID_PATH, KmsgFollower
 from exporter.readers.nvml import DEFAULT_TIMEOUT, NvmlReader
@@ -59,6 +57,8 @@ class ExporterSettings:
     """The file naming the current boot; state saved in another boot is ignored."""
     nvml_timeout: float = DEFAULT_TIMEOUT
     """Seconds one NVML read may take, all GPUs together; calls still running then are abandoned."""
+    nvlink_per_link: bool = False
+    """Also publish each NVLink's own series (90 a GPU; per GPU, all links together, is the default)."""
 
 
 class XidOwnership:
@@ -164,7 +164,7 @@ def build_sources(
             if any(not gpu.pci_bus_id or not gpu.uuid for gpu in snapshot.gpus):
                 bus_ids = {index: pci for pci, index in pci_state.gpu_indices.items()}
                 uuids = kmsg.snapshot().gpu_uuids if kmsg is not None else {}
-            families = nvml_metrics(snapshot, bus_ids=bus_ids, uuids=uuids)
+            families = nvml_metrics(snapshot, bus_ids=bus_ids, uuids=uuids, per_link=settings.nvlink_per_link)
             if not xids.kmsg_published():
                 families.extend(nvml_xid_metrics(reader.xid_events()))
             return families

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from prometheus_client.core import Metric
 
+from exporter.metric import Metric
 from exporter.paths import is_fast
 from exporter.readers.kmsg import KmsgFollower
 from exporter.sources import ExporterSettings, build_registry, build_sources
@@ -122,7 +122,7 @@ def _exporter_metrics(node: Node, kmsg_text: str) -> list[Metric]:
 
 
 def _nvml_series(gpus: Iterable[Mapping[str, str]], *, lost: str | None) -> dict[str, dict[Labels, float]]:
-    """Per-GPU NVML series in the NVML collector's shapes (two of each GPU's 18 NVLinks shown)."""
+    """Per-GPU NVML series in the NVML collector's shapes (NVLink per GPU, as published by default)."""
     series: dict[str, dict[Labels, float]] = {}
 
     def add(name: str, labels: Mapping[str, str], value: float) -> None:
@@ -147,10 +147,10 @@ def _nvml_series(gpus: Iterable[Mapping[str, str]], *, lost: str | None) -> dict
         add("accel_gpu_pcie_replay_errors_total", gpu, 0)
         for direction in ("rx", "tx"):
             add("accel_gpu_pcie_throughput_bytes_per_second", {**gpu, "direction": direction}, 12e9)
-        for link in ("0", "1"):
-            add("accel_gpu_nvlink_up", {**gpu, "link": link}, 1)
-            for error in ("crc_flit", "crc_data", "replay", "recovery"):
-                add("accel_gpu_nvlink_errors_total", {**gpu, "link": link, "error": error}, 0)
+        add("accel_gpu_nvlink_links", gpu, 18)
+        add("accel_gpu_nvlink_links_up", gpu, 18)
+        for error in ("crc_flit", "crc_data", "replay", "recovery"):
+            add("accel_gpu_nvlink_errors_total", {**gpu, "error": error}, 0)
         for reason in (
             "hw_slowdown",
             "hw_thermal_slowdown",

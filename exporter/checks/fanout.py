@@ -30,8 +30,8 @@ from urllib.parse import urlencode
 import aiohttp
 
 from exporter.checks.base import CheckResult, DeviceResult, Verdict, worst
+from exporter.checks.network import EXPORTER_SELECTOR
 
-EXPORTER_SELECTOR = "app.kubernetes.io/name=accel-health-exporter"
 EXPORTER_PORT = 9835
 NETWORK_CHECKS = frozenset({"ping", "iperf"})
 """Checks whose devices are ``interface/peer``: a row each, not a GPU column."""

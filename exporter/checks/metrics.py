@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from exporter.checks.base import CheckResult
+from exporter.metric import CounterMetricFamily, GaugeMetricFamily, Metric
 
 
 def check_metrics(  # noqa: PLR0912  one branch per family; splitting hides the shape

@@ -43,6 +43,8 @@ from exporter.checks.base import (
     worst,
 )
 
+EXPORTER_SELECTOR = "app.kubernetes.io/name=accel-health-exporter"
+"""The label selector of the exporter pods: this node's peers, and the nodes ``accel-health check`` asks."""
 NETWORK_STATUS = "k8s.v1.cni.cncf.io/network-status"
 IPERF_PORT = 5201
 _RECEIVED = re.compile(r"(\d+) packets transmitted, (\d+) (?:packets )?received")

@@ -22,10 +22,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
 from exporter import problems
+from exporter.metric import Collector, GaugeMetricFamily, Metric
 
 logger = logging.getLogger(__name__)
 

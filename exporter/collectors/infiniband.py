@@ -10,12 +10,44 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
+from exporter.exposition import Family, FamilySpec
+from exporter.metric import Metric
 from exporter.readers.sysfs import InfinibandDevice, InfinibandPort
 
 _BYTE_COUNTERS = frozenset({"port_rcv_data", "port_xmit_data"})
 _UNSAFE = re.compile(r"[^a-z0-9_]")
+_PORT = ("device", "port")
+
+DEVICE_INFO = FamilySpec(
+    "accel_infiniband_device_info",
+    "1 per InfiniBand adapter, with its firmware version, board id and adapter type.",
+    "gauge",
+    ("device", "fw_ver", "board_id", "hca_type"),
+)
+DRIVER_EVENTS = FamilySpec(
+    "accel_infiniband_port_driver_events",
+    "The adapter driver's own port counters (sysfs hw_counters/<counter>), by counter name.",
+    "counter",
+    (*_PORT, "counter"),
+)
+STATE = FamilySpec(
+    "accel_infiniband_port_state",
+    "Logical port state: 1 down, 2 init, 3 armed, 4 active, 5 active-defer.",
+    "gauge",
+    _PORT,
+)
+PHYSICAL_STATE = FamilySpec(
+    "accel_infiniband_port_physical_state",
+    "Physical port state, e.g. 2 polling, 3 disabled, 5 link up.",
+    "gauge",
+    _PORT,
+)
+RATE = FamilySpec("accel_infiniband_port_rate_bytes_per_second", "Port data rate.", "gauge", _PORT)
+PORT_INFO = FamilySpec(
+    "accel_infiniband_port_info", "1 per port, with its link layer.", "gauge", (*_PORT, "link_layer")
+)
+_COUNTERS: dict[str, FamilySpec] = {}
+"""sysfs counter file name -> its family's spec, made on first sight (a few dozen names at most)."""
 
 
 def counter_metric_name(counter: str) -> str:
@@ -26,54 +58,49 @@ def counter_metric_name(counter: str) -> str:
     return f"accel_infiniband_port_{name}"
 
 
+def _counter_spec(counter: str) -> FamilySpec:
+    spec = _COUNTERS.get(counter)
+    if spec is None:
+        if len(_COUNTERS) >= 1024:  # a driver inventing names forever: start again rather than grow
+            _COUNTERS.clear()
+        spec = _COUNTERS[counter] = FamilySpec(
+            counter_metric_name(counter),
+            f"InfiniBand port counter {counter} (sysfs counters/{counter}).",
+            "counter",
+            _PORT,
+        )
+    return spec
+
+
 def infiniband_metrics(devices: Sequence[InfinibandDevice], ports: Sequence[InfinibandPort]) -> list[Metric]:
-    """Metric families for the adapters and ports found."""
-    labels = ["device", "port"]
-    device_info = GaugeMetricFamily(
-        "accel_infiniband_device_info",
-        "1 per InfiniBand adapter, with its firmware version, board id and adapter type.",
-        labels=["device", "fw_ver", "board_id", "hca_type"],
-    )
+    """Metric families for the adapters and ports found.
+
+    Families come from specs made once (per counter name), so a port's label sets are rendered once
+    per process, not once per scrape (see :class:`exporter.exposition.FamilySpec`).
+    """
+    device_info = DEVICE_INFO.family()
     for device in devices:
-        device_info.add_metric([device.device, device.fw_ver, device.board_id, device.hca_type], 1)
-    hw_counters = CounterMetricFamily(
-        "accel_infiniband_port_driver_events",
-        "The adapter driver's own port counters (sysfs hw_counters/<counter>), by counter name.",
-        labels=[*labels, "counter"],
-    )
-    state = GaugeMetricFamily(
-        "accel_infiniband_port_state",
-        "Logical port state: 1 down, 2 init, 3 armed, 4 active, 5 active-defer.",
-        labels=labels,
-    )
-    physical = GaugeMetricFamily(
-        "accel_infiniband_port_physical_state",
-        "Physical port state, e.g. 2 polling, 3 disabled, 5 link up.",
-        labels=labels,
-    )
-    rate = GaugeMetricFamily("accel_infiniband_port_rate_bytes_per_second", "Port data rate.", labels=labels)
-    info = GaugeMetricFamily(
-        "accel_infiniband_port_info", "1 per port, with its link layer.", labels=[*labels, "link_layer"]
-    )
-    counters: dict[str, CounterMetricFamily] = {}
+        device_info.add((device.device, device.fw_ver, device.board_id, device.hca_type), 1)
+    hw_counters = DRIVER_EVENTS.family()
+    state, physical, rate, info = STATE.family(), PHYSICAL_STATE.family(), RATE.family(), PORT_INFO.family()
+    counters: dict[str, Family] = {}
     for port in ports:
-        values = [port.device, port.port]
+        values = (port.device, port.port)
         if port.state is not None:
-            state.add_metric(values, port.state)
+            state.add(values, port.state)
         if port.physical_state is not None:
-            physical.add_metric(values, port.physical_state)
+            physical.add(values, port.physical_state)
         if port.rate_bytes_per_second is not None:
-            rate.add_metric(values, port.rate_bytes_per_second)
-        info.add_metric([*values, port.link_layer or ""], 1)
+            rate.add(values, port.rate_bytes_per_second)
+        info.add((*values, port.link_layer or ""), 1)
         for counter, value in port.counters.items():
-            name = counter_metric_name(counter)
-            if name not in counters:
-                counters[name] = CounterMetricFamily(
-                    name, f"InfiniBand port counter {counter} (sysfs counters/{counter}).", labels=labels
-                )
-            counters[name].add_metric(values, value)
+            spec = _counter_spec(counter)
+            family = counters.get(spec.name)
+            if family is None:
+                family = counters[spec.name] = spec.family()
+            family.add(values, value)
         for counter, value in port.hw_counters.items():
-            hw_counters.add_metric([*values, counter], value)
+            hw_counters.add((*values, counter), value)
     return [
         device_info,
         state,

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prometheus_client.core import CounterMetricFamily, Metric
-
+from exporter.metric import CounterMetricFamily, Metric
 from exporter.readers.kmsg import KmsgSnapshot
 
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from prometheus_client.core import CounterMetricFamily, Metric
-
+from exporter.metric import CounterMetricFamily, Metric
 from exporter.readers.sysfs import NeuronDevice
 
 

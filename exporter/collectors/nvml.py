@@ -4,6 +4,13 @@ Every per-GPU series carries ``gpu`` (NVML index), ``uuid``, ``pci_bus_id`` (``0
 ``model``. A field the GPU does not support, or whose call failed, has no series (never a zero); a GPU
 that is lost, timed out or stuck has only ``accel_gpu_nvml_up 0`` (and ``accel_gpu_lost 1`` or
 ``accel_gpu_nvml_call_stuck_seconds``). Values are raw: which counts matter is for the rules.
+
+NVLink is published per GPU: ``accel_gpu_nvlink_links``, ``accel_gpu_nvlink_links_up`` and
+``accel_gpu_nvlink_errors_total{error}``, all links together (the reader's
+:class:`~exporter.readers.nvml.NvLinkTotals`: 6 series a GPU where per link there are 90, and the
+rules and dashboards need no more). ``per_link`` (``--nvlink-per-link``) adds each link's own series,
+under names of their own: ``accel_gpu_nvlink_link_up{link}`` and
+``accel_gpu_nvlink_link_errors_total{link, error}``, the counters as NVML reports them.
 """
 
 from __future__ import annotations
@@ -11,11 +18,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import ClassVar, NamedTuple
 
-from prometheus_client.core import Metric
-
 from exporter.collectors.framework import SourceUnavailableError
 from exporter.exposition import Family, FamilySpec, Row
-from exporter.readers.nvml import NvLink, NvmlGpuHealth, NvmlSnapshot, NvmlXidCounts
+from exporter.metric import Metric
+from exporter.readers.nvml import NVLINK_ERROR_NAMES, NvLink, NvmlGpuHealth, NvmlSnapshot, NvmlXidCounts
 
 GPU_LABELS = ("gpu", "uuid", "pci_bus_id", "model")
 
@@ -26,7 +32,6 @@ _THROTTLE_REASONS = (
     "sw_thermal_slowdown",
     "sw_power_cap",
 )
-_NVLINK_ERRORS = ("crc_flit", "crc_data", "replay", "recovery")
 Labels = tuple[str, ...]
 
 
@@ -66,9 +71,27 @@ THROUGHPUT = _gauge(
     "PCIe throughput NVML sampled over about 20 ms.",
     "direction",
 )
-NVLINK_UP = _gauge("accel_gpu_nvlink_up", "Whether the NVLink link is active (1) or not (0).", "link")
+NVLINK_LINKS = _gauge("accel_gpu_nvlink_links", "NVLink links the GPU has.")
+NVLINK_LINKS_UP = _gauge(
+    "accel_gpu_nvlink_links_up",
+    "NVLink links of the GPU that are active (a link whose state could not be read counts as last read).",
+)
 NVLINK_ERRORS = _counter(
-    "accel_gpu_nvlink_errors", "NVLink data-link error counters, by error.", "link", "error"
+    "accel_gpu_nvlink_errors",
+    "NVLink data-link errors of the GPU, all its links together, by error; never decreases while the "
+    "exporter runs (a link's counter that is unreadable or reset keeps or adds to the total).",
+    "error",
+)
+NVLINK_LINK_UP = _gauge(
+    "accel_gpu_nvlink_link_up",
+    "Whether the NVLink link is active (1) or not (0) (--nvlink-per-link).",
+    "link",
+)
+NVLINK_LINK_ERRORS = _counter(
+    "accel_gpu_nvlink_link_errors",
+    "NVLink data-link error counters of one link, by error, as NVML reports them (--nvlink-per-link).",
+    "link",
+    "error",
 )
 THROTTLE = _gauge(
     "accel_gpu_clock_throttle_active",
@@ -91,7 +114,8 @@ _PER_GPU = (
     WIDTH,
     REPLAYS,
     THROUGHPUT,
-    NVLINK_UP,
+    NVLINK_LINKS,
+    NVLINK_LINKS_UP,
     NVLINK_ERRORS,
     THROTTLE,
     TEMPERATURE,
@@ -148,14 +172,16 @@ def _put(family: Family, labels: Labels, value: float | None) -> None:
 
 
 class _Families:
-    """The per-GPU families of one scrape: filled one GPU at a time, then the NVLink families for all
-    GPUs at once."""
+    """The per-GPU families of one scrape: filled one GPU at a time, then (``per_link``) the per-link
+    NVLink families for all GPUs at once."""
 
     last_nvlink_rows: ClassVar[_NvLinkRows | None] = None
-    """The NVLink rows built last, for any scrape in the process (replaced whole, never changed)."""
+    """The per-link NVLink rows built last, for any scrape in the process (replaced whole, never
+    changed)."""
 
-    def __init__(self) -> None:
-        self.by_spec = {spec: spec.family() for spec in _PER_GPU}
+    def __init__(self, *, per_link: bool = False) -> None:
+        specs = (*_PER_GPU, NVLINK_LINK_UP, NVLINK_LINK_ERRORS) if per_link else _PER_GPU
+        self.by_spec = {spec: spec.family() for spec in specs}
 
     def all(self) -> list[Metric]:
         return list(self.by_spec.values())
@@ -178,6 +204,12 @@ class _Families:
                     throttle.add((*labels, reason), int(active))
         _put(families[TEMPERATURE], labels, gpu.temperature_celsius)
         _put(families[POWER], labels, gpu.power_watts)
+        if (totals := gpu.nvlink_totals) is not None:
+            families[NVLINK_LINKS].add(labels, totals.links)
+            families[NVLINK_LINKS_UP].add(labels, totals.links_up)
+            errors = families[NVLINK_ERRORS]
+            for error, value in zip(NVLINK_ERROR_NAMES, totals[2:], strict=True):
+                _put(errors, (*labels, error), value)
 
     def _memory(self, gpu: NvmlGpuHealth, labels: Labels) -> None:
         families = self.by_spec
@@ -196,15 +228,15 @@ class _Families:
                 families[RETIRED_PENDING].add(labels, int(pages.pending))
 
     def add_nvlinks(self, gpus: Sequence[tuple[NvmlGpuHealth, Labels]]) -> None:
-        """Every GPU's NVLink series, in GPU order. While no link of any GPU changed (the usual case: a
-        healthy node's error counters stay put), the previous scrape's rows are handed over again, so
-        neither they nor their text are built again."""
+        """Every GPU's per-link NVLink series, in GPU order. While no link of any GPU changed (the
+        usual case: a healthy node's error counters stay put), the previous scrape's rows are handed
+        over again, so neither they nor their text are built again."""
         links = tuple((labels, gpu.nvlinks) for gpu, labels in gpus if gpu.nvlinks)
         last = _Families.last_nvlink_rows
         if last is None or last.links != links:  # NvLink fields are ints, bools or None: == is exact
             last = _Families.last_nvlink_rows = _nvlink_rows(links)
-        self.by_spec[NVLINK_UP] = NVLINK_UP.family(last.up)
-        self.by_spec[NVLINK_ERRORS] = NVLINK_ERRORS.family(last.errors)
+        self.by_spec[NVLINK_LINK_UP] = NVLINK_LINK_UP.family(last.up)
+        self.by_spec[NVLINK_LINK_ERRORS] = NVLINK_LINK_ERRORS.family(last.errors)
 
 
 class _NvLinkRows(NamedTuple):
@@ -233,8 +265,9 @@ def _nvlink_rows(links: tuple[tuple[Labels, tuple[NvLink, ...]], ...]) -> _NvLin
 
 
 _LINK_LABELS: dict[tuple[Labels, int], tuple[Labels, ...]] = {}
-"""(GPU labels, link) -> the link's label values for ``accel_gpu_nvlink_up``, then for each error of
-``accel_gpu_nvlink_errors``: a node's hundreds of NVLink series keep the same labels scrape after scrape."""
+"""(GPU labels, link) -> the link's label values for ``accel_gpu_nvlink_link_up``, then for each error
+of ``accel_gpu_nvlink_link_errors``: a node's hundreds of per-link series keep the same labels scrape
+after scrape."""
 
 
 def _link_labels(key: tuple[Labels, int]) -> tuple[Labels, ...]:
@@ -242,7 +275,7 @@ def _link_labels(key: tuple[Labels, int]) -> tuple[Labels, ...]:
     up = (*labels, str(link))
     if len(_LINK_LABELS) >= 4096:  # GPUs replaced over a long uptime: start again rather than grow
         _LINK_LABELS.clear()
-    value = _LINK_LABELS[key] = (up, *((*up, error) for error in _NVLINK_ERRORS))
+    value = _LINK_LABELS[key] = (up, *((*up, error) for error in NVLINK_ERROR_NAMES))
     return value
 
 
@@ -251,21 +284,24 @@ def nvml_metrics(
     *,
     bus_ids: Mapping[int, str] | None = None,
     uuids: Mapping[str, str] | None = None,
+    per_link: bool = False,
 ) -> list[Metric]:
     """Metric families for one snapshot; raises :class:`SourceUnavailableError` when NVML is unavailable.
 
     ``bus_ids`` (GPU index -> pci_bus_id, from sysfs) and ``uuids`` (pci_bus_id -> uuid, from the
     driver's kernel-log lines) only fill labels NVML could not tell, e.g. for a GPU lost since boot.
+    ``per_link`` adds each NVLink's own series (``--nvlink-per-link``).
     """
     if not snapshot.available:
         raise SourceUnavailableError(f"NVML unavailable: {snapshot.reason}")
     gpus = GPUS.family()
     _put(gpus, (), snapshot.gpu_count)
-    families = _Families()
+    families = _Families(per_link=per_link)
     labelled = [(gpu, _labels(gpu, bus_ids or {}, uuids or {})) for gpu in snapshot.gpus]
     for gpu, labels in labelled:
         families.add(gpu, labels)
-    families.add_nvlinks(labelled)
+    if per_link:
+        families.add_nvlinks(labelled)
     timeouts = CALL_TIMEOUTS.family()
     for call, count in sorted(snapshot.call_timeouts.items()):
         timeouts.add((call,), count)

@@ -43,7 +43,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
@@ -59,6 +59,13 @@ is lost (fell off the bus); ``timeout``: a call for it did not return within thi
 
 DEFAULT_TIMEOUT = 2.0
 """Seconds one read may take, all GPUs together."""
+
+NVML_LIBRARY = "libnvidia-ml.so.1"
+"""The driver's NVML library, as pynvml loads it on Linux."""
+
+_MAX_TALLIES = 256
+"""GPUs whose NVLink readings a reader keeps; past that it starts again (totals then restart at the
+links' sums, which Prometheus may read as one counter reset)."""
 
 DEFAULT_PATIENCE = 0.02
 """Seconds a read lets one worker read its GPUs one after another before it gives every GPU not yet
@@ -144,6 +151,69 @@ class NvLink(NamedTuple):
     """Data-link recoveries (``NVML_NVLINK_ERROR_DL_RECOVERY``)."""
 
 
+NVLINK_ERROR_NAMES = ("crc_flit", "crc_data", "replay", "recovery")
+""":class:`NvLink`'s counter fields, in order."""
+
+
+class NvLinkTotals(NamedTuple):
+    """A GPU's NVLink links taken together, as :class:`PynvmlReader` keeps them from read to read.
+
+    The error totals are the sums of the links' counters (each counts since the driver loaded), made
+    to behave as one counter: they never go down while the reader lives. A counter that cannot be read
+    in one read keeps its last value in the sum, and a counter that went down (its link's counters
+    were reset, or the driver reloaded) adds its new value rather than taking the old one away; a
+    plain sum would drop then, and Prometheus would take the drop for a counter reset and count the
+    whole total again as new errors.
+    """
+
+    links: int
+    """Links the GPU has (those NVML enumerated at its first read)."""
+    links_up: int
+    """Links that are active. A link whose state could not be read in this read counts as it was last
+    read; one never read does not count."""
+    crc_flit: int | None
+    """Data-link flit CRC errors, all links; None while no link ever reported the counter."""
+    crc_data: int | None
+    """Data-link data CRC errors, all links; None while no link ever reported the counter."""
+    replay: int | None
+    """Data-link replays, all links; None while no link ever reported the counter."""
+    recovery: int | None
+    """Data-link recoveries, all links; None while no link ever reported the counter."""
+
+
+class _LinkTally:
+    """One GPU's NVLink readings kept between reads, from which its :class:`NvLinkTotals` come."""
+
+    def __init__(self) -> None:
+        self.raw: dict[tuple[int, int], int] = {}
+        """(link, counter position) -> the counter's value at its last successful read."""
+        self.totals: list[int | None] = [None] * len(NVLINK_ERROR_NAMES)
+        """The published totals, by counter position."""
+        self.up: dict[int, bool] = {}
+        """Link -> its state at its last successful read."""
+        self.last: tuple[tuple[NvLink, ...], NvLinkTotals] | None = None
+        """The links last added and the totals made of them."""
+
+    def add(self, nvlinks: tuple[NvLink, ...]) -> NvLinkTotals:
+        if (last := self.last) is not None and last[0] == nvlinks:  # the usual case: nothing moved
+            return last[1]
+        raw, totals, up = self.raw, self.totals, self.up
+        for nvlink in nvlinks:
+            if nvlink.up is not None:
+                up[nvlink.link] = nvlink.up
+            for position, value in enumerate(nvlink[2:]):
+                if value is None:  # unreadable now: its last value stays in the total
+                    continue
+                before = raw.get((nvlink.link, position))
+                # First sight: its whole count; a drop (a reset): counted again from zero.
+                grown = value if before is None or value < before else value - before
+                raw[nvlink.link, position] = value
+                totals[position] = (totals[position] or 0) + grown
+        made = NvLinkTotals(len(nvlinks), sum(1 for nvlink in nvlinks if up.get(nvlink.link)), *totals)
+        self.last = (nvlinks, made)
+        return made
+
+
 @dataclass(frozen=True)
 class ClockThrottle:
     """Active clock-throttle (clocks-event) reasons; None for a reason the GPU does not support."""
@@ -187,7 +257,10 @@ class NvmlGpuHealth:
     pcie: PcieStatus | None = None
     """None when NVML tells nothing about the link."""
     nvlinks: tuple[NvLink, ...] = ()
-    """Links the GPU has; empty without NVLink."""
+    """Links the GPU has, as read now; empty without NVLink."""
+    nvlink_totals: NvLinkTotals | None = None
+    """The links together, kept from read to read (see :class:`NvLinkTotals`); None without NVLink,
+    in a brief read, and from readers that keep no totals."""
     clock_throttle: ClockThrottle | None = None
     """None when the GPU reports no clock-event reasons."""
     temperature_celsius: float | None = None
@@ -952,9 +1025,26 @@ class _XidWatcher:
 # -- the reader ---------------------------------------------------------------------------------------
 
 
+def _library_missing() -> str | None:
+    """Why the driver's NVML library cannot be loaded; None when it can.
+
+    Asked before pynvml is imported, on every read until NVML initialises: a node without an NVIDIA
+    driver (a CPU or Trainium node, where the DaemonSet runs too) then never holds pynvml (4 MB), and
+    pays a failed ``dlopen`` per scrape instead of a trip to the system lane. A driver installed later
+    (the GPU Operator's driver container) is found on the next read. Where the library loads, this
+    leaves it loaded: pynvml's own ``dlopen`` gets the same handle.
+    """
+    try:
+        ctypes.CDLL(NVML_LIBRARY)
+    except OSError as exc:
+        return f"{NVML_LIBRARY} cannot be loaded: {exc}"
+    return None
+
+
 class PynvmlReader:
     """NVML through pynvml (nvidia-ml-py), every call bounded. Initialises on first read; retries
-    initialisation on every read while NVML is unavailable.
+    initialisation on every read while NVML is unavailable. Until the driver's library loads,
+    pynvml is not even imported (see :func:`_library_missing`).
 
     Reads are serialised: a scrape arriving while another reads waits for it (at most ``timeout``).
     """
@@ -984,6 +1074,8 @@ class PynvmlReader:
         self._reading: dict[int, _Job[_GpuResult]] = {}
         """GPU index -> its latest job; one not done is stuck (later reads skip the GPU)."""
         self._known: dict[int, _Identity] = {}
+        self._link_tallies: dict[str, _LinkTally] = {}
+        """GPU UUID -> its NVLink readings, for :class:`NvLinkTotals`; kept across close()."""
         self._timeouts: dict[str, int] = {}
         self._errors: dict[tuple[str, str], int] = {}
         self._watch_lock = threading.Lock()
@@ -991,6 +1083,8 @@ class PynvmlReader:
 
     def read(self, *, brief: bool = False) -> NvmlSnapshot:
         with self._read_lock:
+            if self._nvml is None and self._library is None and (missing := _library_missing()):
+                return self._snapshot(available=False, reason=missing)
             deadline = time.monotonic() + self.timeout
             count = self._enumerate(deadline)
             if isinstance(count, str):
@@ -1110,8 +1204,20 @@ class PynvmlReader:
             else:
                 self._known[index] = job.result.identity
                 self._count_errors(job.result.errors)
-                gpus[index] = job.result.health
+                gpus[index] = self._with_nvlink_totals(job.result.health)
         return tuple(gpus[index] for index in range(count))
+
+    def _with_nvlink_totals(self, health: NvmlGpuHealth) -> NvmlGpuHealth:
+        """``health`` with its links' totals, kept per GPU (by UUID) from read to read."""
+        if not health.nvlinks:  # no NVLink, or a brief read: nothing to add, nothing to forget
+            return health
+        key = health.uuid or health.pci_bus_id or f"index {health.index}"
+        tally = self._link_tallies.get(key)
+        if tally is None:
+            if len(self._link_tallies) >= _MAX_TALLIES:  # GPUs replaced over a long uptime
+                self._link_tallies.clear()
+            tally = self._link_tallies[key] = _LinkTally()
+        return replace(health, nvlink_totals=tally.add(health.nvlinks))
 
     def _stalled(self, index: int, job: _Job[Any], status: GpuStatus, *, begun: bool = True) -> NvmlGpuHealth:
         """A GPU whose job has not finished; one no worker has ``begun`` names no call."""

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import Collector
 
 from examples.pipeline import DEMO_FAULTS, Fault, Pipeline, PipelineError, http_get, scratch_dir
 from exporter.exposition import generate_text
+from exporter.metric import Metric
 from exporter.paths import cut
+from tests.exporter.helpers import exporter_metric
 
 REPO = Path(__file__).resolve().parent.parent.parent
 DASHBOARDS = {"fleet-overview.json": "accel-health-fleet", "node-detail.json": "accel-health-node"}
@@ -149,7 +149,7 @@ def test_queries_name_only_series_that_exist(name: str) -> None:
 # -- against real Prometheus -----------------------------------------------------------------------
 
 
-class _Families(Collector):
+class _Families:
     def __init__(self, families: list[Metric]) -> None:
         self.families = families
 
@@ -161,7 +161,9 @@ def _serve_files(*paths: Path) -> ThreadingHTTPServer:
     """The files' series, split into the exporter's fast and slow paths as it serves them."""
     text = b"".join(path.read_bytes() for path in paths).decode()
     bodies = {
-        f"/metrics/{part}": generate_text(_Families(list(cut(text_string_to_metric_families(text), part))))
+        f"/metrics/{part}": generate_text(
+            _Families(list(cut(map(exporter_metric, text_string_to_metric_families(text)), part)))
+        )
         for part in ("fast", "slow")
     }
     bodies["/metrics"] = text.encode()

@@ -7,11 +7,15 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import prometheus_client
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample as ClientSample
+
+from exporter.metric import Metric, Sample
 
 EXPORTER = Path(sys.executable).parent / "accel-health-exporter"
 _LISTENING = re.compile(r"listening on (127\.0\.0\.1:\d+)")
@@ -51,6 +55,36 @@ def sample_value(exposition: str, name: str, labels: Mapping[str, str] | None = 
             if sample.name == name and sample.labels == wanted:
                 return float(sample.value)
     return None
+
+
+def client_metric(family: Metric) -> prometheus_client.Metric:
+    """The same family as prometheus_client's own ``Metric``, sample by sample."""
+    converted = prometheus_client.Metric(family.name, family.documentation, family.type, family.unit)
+    converted.samples = [ClientSample(s.name, dict(s.labels), s.value, s.timestamp) for s in family.samples]
+    return converted
+
+
+def exporter_metric(family: prometheus_client.Metric) -> Metric:
+    """A family prometheus_client parsed, as the exporter's own ``Metric``, sample by sample."""
+    converted = Metric(family.name, family.documentation, family.type, family.unit)
+    converted.samples = [Sample(s.name, dict(s.labels), s.value) for s in family.samples]
+    return converted
+
+
+class _ClientFamilies:
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self.families = [client_metric(family) for family in families]
+
+    def collect(self) -> list[prometheus_client.Metric]:
+        return self.families
+
+
+def client_text(families: Iterable[Metric]) -> str:
+    """prometheus_client's ``generate_latest`` of the exporter's families: the reference encoder the
+    exporter's own is held to."""
+    registry = prometheus_client.CollectorRegistry(auto_describe=False)
+    registry.register(_ClientFamilies(families))
+    return prometheus_client.generate_latest(registry).decode()
 
 
 GPU_BUS_PATHS = tuple(f"bus/pci/devices/{bus}.0" for bus in GPU_NODE_BUS_IDS)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -16,6 +18,7 @@ import pytest
 from exporter.cli import main, parse_listen
 from tests.exporter.helpers import GPU_NODE, TRN_NODE, Running, sample_value, spawn_exporter, wait_until
 
+REPOSITORY = Path(__file__).resolve().parents[2]
 XID_79 = "NVRM: Xid (PCI:0000:9d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 
 
@@ -184,3 +187,45 @@ def test_checks_wait_for_a_token_set_after_start_and_follow_its_rotation(tmp_pat
         running.process.terminate()
         running.process.wait(timeout=5)
     assert "GET /checks answers 503 until it holds a token" in running.log.read_text()
+
+
+def _fake_gpu_node(tmp_path: Path, *flags: str) -> Running:
+    """The exporter on gpu-node-1 with its eight simulated H100s (examples/fake_gpus.py)."""
+    kmsg = tmp_path / "kmsg"
+    shutil.copyfile(GPU_NODE / "kmsg", kmsg)
+    log = tmp_path / "exporter.log"
+    argv = [sys.executable, "-m", "examples.fake_gpus", "--listen=127.0.0.1:0", f"--kmsg={kmsg}"]
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [*argv, f"--sysfs-root={GPU_NODE / 'sys'}", *flags],
+            cwd=REPOSITORY,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    assert wait_until(lambda: "listening on" in log.read_text(), timeout=20), log.read_text()
+    found = re.findall(r"listening on (\S+)", log.read_text())
+    return Running(process=process, url=f"http://{found[0]}", kmsg=kmsg, log=log)
+
+
+@pytest.mark.parametrize("per_link", [False, True])
+def test_nvlink_is_published_per_gpu_and_per_link_only_with_the_flag(tmp_path: Path, per_link: bool) -> None:
+    running = _fake_gpu_node(tmp_path, *(["--nvlink-per-link"] if per_link else []))
+    try:
+        scrape = running.scrape()
+        gpu3 = {
+            "gpu": "3",
+            "uuid": "GPU-35be2791-0f30-550d-89c1-c29455a5ca63",
+            "pci_bus_id": "0000:61:00",
+            "model": "NVIDIA H100 80GB HBM3",
+        }
+        assert sample_value(scrape, "accel_gpu_nvlink_links", gpu3) == 18
+        assert sample_value(scrape, "accel_gpu_nvlink_links_up", gpu3) == 18
+        assert sample_value(scrape, "accel_gpu_nvlink_errors_total", {**gpu3, "error": "crc_flit"}) == 12
+        link7 = {**gpu3, "link": "7", "error": "crc_flit"}
+        assert sample_value(scrape, "accel_gpu_nvlink_link_errors_total", link7) == (12 if per_link else None)
+        series = [line for line in scrape.splitlines() if line.startswith("accel_gpu_nvlink")]
+        assert len(series) == 8 * 6 + (8 * 18 * 5 if per_link else 0)
+    finally:
+        running.process.send_signal(signal.SIGTERM)
+        assert running.process.wait(timeout=5) == 0

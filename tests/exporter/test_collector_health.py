@@ -11,9 +11,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from exporter.collectors.kmsg import kmsg_metrics
+from exporter.metric import CollectorRegistry
 from exporter.readers.kmsg import KmsgTally
 from exporter.sources import ExporterSettings, build_registry, build_sources
 from tests.exporter.helpers import GPU_BUS_PATHS, GPU_NODE, TRN_NODE

@@ -7,11 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily, Metric
 
 from exporter.collectors.framework import Source, SourcesCollector, SourceUnavailableError
 from exporter.collectors.infiniband import counter_metric_name
+from exporter.metric import CollectorRegistry, GaugeMetricFamily, Metric
 from exporter.readers.kmsg import KmsgFollower, KmsgTally
 from exporter.readers.nvml import PynvmlReader
 from exporter.sources import ExporterSettings, build_registry, build_sources

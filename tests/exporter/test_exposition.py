@@ -1,4 +1,5 @@
-"""The exporter's text encoder writes exactly what prometheus_client's generate_latest writes."""
+"""The exporter's text encoder writes exactly what prometheus_client's generate_latest writes, and the
+exporter's own families (exporter.metric) hold what prometheus_client's would."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from exporter import metric
 from exporter.collectors.kmsg import kmsg_metrics
 from exporter.exposition import FamilySpec, encode, generate_text, go_float
 from exporter.readers.kmsg import KmsgTally
 from exporter.sources import ExporterSettings, build_registry, build_sources
-from tests.exporter.helpers import GPU_NODE, TRN_NODE
+from tests.exporter.helpers import GPU_NODE, TRN_NODE, client_metric, client_text
 
 
 class Fixed(Collector):
@@ -39,14 +41,14 @@ def test_both_fixture_nodes_encode_byte_for_byte_like_prometheus_client() -> Non
             build_sources(ExporterSettings(sysfs_root=node / "sys"), kmsg=None, nvml=None)
         )
         families = list(registry.collect())
-        assert encode(families) == generate_latest(registry_of(families))
+        assert encode(families) == client_text(families).encode()
 
 
 def test_mig_samples_with_their_own_label_sets_encode_like_prometheus_client() -> None:
     tally = KmsgTally()
     tally.add_lines(["3,0,1,-;NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:02): 43, pid=7, name=p, Ch 8"])
     families = kmsg_metrics(tally.snapshot(), gpu_indices={})
-    assert encode(families) == generate_latest(registry_of(families))
+    assert encode(families) == client_text(families).encode()
 
 
 label_values = st.text(alphabet=st.characters(codec="utf-8"), max_size=12)
@@ -123,12 +125,12 @@ def test_a_family_built_from_a_spec_encodes_like_prometheus_client(
         for b, a, value in samples:
             family.add((b, a), value)
         assert encode([family]) == expected
-        assert family.samples == reference.samples
+        assert [tuple(s) for s in family.samples] == [tuple(s) for s in reference.samples]
     handed_over = tuple(family.rows)
     for _scrape in range(2):  # the second scrape gives back the text written for the same rows
         family = spec.family(handed_over)
         assert encode([family]) == expected
-        assert family.samples == reference.samples
+        assert [tuple(s) for s in family.samples] == [tuple(s) for s in reference.samples]
 
 
 def test_a_family_without_labels_and_one_among_plain_families_encode_like_prometheus_client() -> None:
@@ -176,7 +178,7 @@ def test_family_specs_refuse_what_the_text_format_would_need_to_escape() -> None
         family.add(("only one",), 1)
     assert family.rows == []
     with pytest.raises(TypeError, match="add\\(\\)"):
-        family.samples = list(GaugeMetricFamily("accel_ok", "x", value=1).samples)
+        family.samples = list(metric.GaugeMetricFamily("accel_ok", "x", value=1).samples)
 
 
 def test_the_rendered_label_sets_a_spec_keeps_are_bounded() -> None:
@@ -194,3 +196,74 @@ def test_the_rendered_label_sets_a_spec_keeps_are_bounded() -> None:
 @given(st.integers(min_value=-(2**70), max_value=2**70))
 def test_integer_values_are_written_as_go_writes_them(value: int) -> None:
     assert go_float(value) == floatToGoString(value)  # type: ignore[no-untyped-call]  # untyped upstream
+
+
+# -- exporter.metric: prometheus_client's data model without prometheus_client ---------------------------
+
+
+def own_family(
+    name: str, help_text: str, *, counter: bool, labels: list[str], samples: list[tuple[str, str, float]]
+) -> metric.Metric:
+    """The exporter's own counter or gauge family, built as :func:`client_family` builds its own."""
+    family: metric.GaugeMetricFamily | metric.CounterMetricFamily
+    if counter:
+        family = metric.CounterMetricFamily(name, help_text, labels=labels)
+    else:
+        family = metric.GaugeMetricFamily(name, help_text, labels=labels)
+    for first, second, value in samples:
+        family.add_metric([first, second], value)
+    return family
+
+
+@settings(max_examples=300, deadline=None)
+@given(samples=rows, help_text=st.text(max_size=30), counter=st.booleans())
+def test_the_exporters_own_families_hold_and_encode_what_prometheus_clients_do(
+    samples: list[tuple[str, str, float]], help_text: str, counter: bool
+) -> None:
+    name = "accel_test_things_total" if counter else "accel_test_level"
+    ours = own_family(name, help_text, counter=counter, labels=["a", "b"], samples=samples)
+    theirs = client_family(name, help_text, counter=counter, labels=["a", "b"], samples=samples)
+    assert (ours.name, ours.documentation, ours.type, ours.unit) == (
+        theirs.name,
+        theirs.documentation,
+        theirs.type,
+        theirs.unit,
+    )
+    assert [tuple(s) for s in ours.samples] == [tuple(s) for s in theirs.samples]
+    expected = generate_latest(registry_of([theirs]))
+    assert client_text([ours]).encode() == expected
+    assert encode([ours]) == expected
+
+
+class OwnFixed:
+    def __init__(self, families: list[metric.Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[metric.Metric]:
+        return self.families
+
+
+def test_a_registry_answers_sample_values_as_prometheus_clients_does() -> None:
+    gauge = metric.GaugeMetricFamily("accel_test_level", "x", labels=["a"])
+    gauge.add_metric(["1"], 2.5)
+    counter = metric.CounterMetricFamily("accel_test_things", "x", value=3)
+    ours = metric.CollectorRegistry()
+    collector = OwnFixed([gauge, counter])
+    ours.register(collector)
+    theirs = registry_of([client_metric(gauge), client_metric(counter)])
+    queries: list[tuple[str, dict[str, str] | None, float | None]] = [
+        ("accel_test_level", {"a": "1"}, 2.5),
+        ("accel_test_things_total", None, 3),
+        ("accel_test_things", None, None),  # a counter's series end in _total
+        ("accel_test_level", {"a": "2"}, None),
+        ("accel_test_level", None, None),  # labels must match exactly
+    ]
+    for name, labels, expected in queries:
+        assert ours.get_sample_value(name, labels) == expected
+        assert theirs.get_sample_value(name, labels) == expected
+    with pytest.raises(ValueError, match="already registered"):
+        ours.register(collector)
+    with pytest.raises(ValueError, match="only gauges and counters"):
+        metric.Metric("accel_test_h", "x", "histogram")
+    with pytest.raises(ValueError, match="invalid metric name"):
+        metric.GaugeMetricFamily("accel-test", "x")

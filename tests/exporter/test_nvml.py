@@ -16,18 +16,27 @@ from pathlib import Path
 
 import pynvml  # the real library, only to ask a real GPU directly in the gpu-marked tests
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exporter.collectors.framework import SourceUnavailableError
 from exporter.collectors.nvml import GPU_LABELS, nvml_metrics
-from exporter.exposition import Family, encode
+from exporter.exposition import Family, encode, generate_text
+from exporter.metric import CollectorRegistry, Metric
 from exporter.readers.kmsg import KmsgFollower
-from exporter.readers.nvml import NvmlSnapshot, PynvmlReader, _Batch, _Job, _Workers
+from exporter.readers.nvml import (
+    NvLink,
+    NvLinkTotals,
+    NvmlSnapshot,
+    PynvmlReader,
+    _Batch,
+    _Job,
+    _LinkTally,
+    _Workers,
+)
 from exporter.sources import ExporterSettings, XidOwnership, build_registry, build_sources
 from tests.exporter.fake_nvml import FIXTURES, FakeNvml
-from tests.exporter.helpers import GPU_NODE, GPU_NODE_BUS_IDS, wait_until
+from tests.exporter.helpers import GPU_NODE, GPU_NODE_BUS_IDS, client_text, wait_until
 
 GOLDEN = FIXTURES / "h100x8.prom"
 XID_79 = "NVRM: Xid (PCI:0000:9d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
@@ -58,7 +67,7 @@ def open_nvml() -> Iterator[Open]:
         reader.close()
 
 
-class _Fixed(Collector):
+class _Fixed:
     def __init__(self, families: Iterable[Metric]) -> None:
         self.families = list(families)
 
@@ -359,7 +368,7 @@ def test_where_no_thread_can_be_started_nvml_is_down_or_its_gpus_time_out(
     registry = nvml_registry(starved)
     unknown = {"gpu": "3", "uuid": "", "pci_bus_id": "", "model": ""}  # never read: identity not known
     assert registry.get_sample_value("accel_gpu_nvml_up", unknown) == 0
-    assert "accel_gpu_nvml_call_stuck_seconds{" not in generate_latest(registry).decode()
+    assert "accel_gpu_nvml_call_stuck_seconds{" not in generate_text(registry).decode()
 
     allowed[0] = 100
     assert all(gpu.status == "ok" for gpu in reader.read().gpus)
@@ -462,7 +471,7 @@ def test_the_real_reader_without_a_driver_says_unavailable() -> None:
         snapshot = reader.read()
         if snapshot.available:
             pytest.skip("an NVIDIA driver is present here")
-        assert "failed" in snapshot.reason or "not installed" in snapshot.reason
+        assert any(why in snapshot.reason for why in ("cannot be loaded", "failed", "not installed"))
         assert reader.xid_events().error is not None
     finally:
         reader.close()
@@ -504,12 +513,18 @@ def test_unsupported_fields_have_no_series_rather_than_zero(open_nvml: Open) -> 
     assert (
         registry.get_sample_value("accel_gpu_clock_throttle_active", {**gpu1, "reason": "hw_slowdown"}) == 1
     )
-    assert registry.get_sample_value("accel_gpu_nvlink_up", {**gpu1, "link": "2"}) == 0
+    assert registry.get_sample_value("accel_gpu_nvlink_links", gpu1) == 6  # a V100 has 6, not 18
+    assert registry.get_sample_value("accel_gpu_nvlink_links_up", gpu1) == 5
+    assert registry.get_sample_value("accel_gpu_nvlink_errors_total", {**gpu1, "error": "replay"}) == 160
+    per_link = families_registry(nvml_metrics(reader.read(), per_link=True))
+    assert per_link.get_sample_value("accel_gpu_nvlink_link_up", {**gpu1, "link": "2"}) == 0
     assert (
-        registry.get_sample_value("accel_gpu_nvlink_errors_total", {**gpu1, "link": "2", "error": "replay"})
+        per_link.get_sample_value(
+            "accel_gpu_nvlink_link_errors_total", {**gpu1, "link": "2", "error": "replay"}
+        )
         == 160
     )
-    assert registry.get_sample_value("accel_gpu_nvlink_up", {**gpu1, "link": "6"}) is None
+    assert per_link.get_sample_value("accel_gpu_nvlink_link_up", {**gpu1, "link": "6"}) is None
 
 
 def test_a_pending_remap_and_a_remap_failure_are_flags(open_nvml: Open) -> None:
@@ -573,7 +588,7 @@ def test_every_per_gpu_series_carries_the_four_gpu_labels(open_nvml: Open) -> No
 
 
 def _nvlink_families(families: list[Metric]) -> list[Family]:
-    return [f for f in families if isinstance(f, Family) and f.name.startswith("accel_gpu_nvlink_")]
+    return [f for f in families if isinstance(f, Family) and f.name.startswith("accel_gpu_nvlink_link_")]
 
 
 def _series(name: str, labels: dict[str, str], value: int) -> str:
@@ -584,40 +599,40 @@ def _series(name: str, labels: dict[str, str], value: int) -> str:
 def test_unchanged_nvlinks_are_handed_over_again_and_any_change_is_written(open_nvml: Open) -> None:
     fake, reader = open_nvml("h100x8")
     fake.gpus[3]["nvlink"] = copy.deepcopy(fake.gpus[3]["nvlink"])  # GPU 3's links alone
-    first = nvml_metrics(reader.read())
+    first = nvml_metrics(reader.read(), per_link=True)
     first_text = encode(first)
-    again = nvml_metrics(reader.read())  # a new snapshot with the same values
+    again = nvml_metrics(reader.read(), per_link=True)  # a new snapshot with the same values
+    assert len(_nvlink_families(again)) == 2
     for before, after in zip(_nvlink_families(first), _nvlink_families(again), strict=True):
         assert after.rows is before.rows  # handed over, not built again
     assert encode(again) == first_text
 
     fake.gpus[3]["nvlink"]["errors"]["replay"][7] += 5
     fake.gpus[3]["nvlink"]["state"][16] = 0
-    changed = nvml_metrics(reader.read())
+    changed = nvml_metrics(reader.read(), per_link=True)
     text = (encode(changed) or b"").decode()
-    assert text == generate_latest(families_registry(changed)).decode()
+    assert text == client_text(changed)
     replay = fake.gpus[3]["nvlink"]["errors"]["replay"][7]
     link7 = {**H100_GPU3, "link": "7", "error": "replay"}
-    assert _series("accel_gpu_nvlink_errors_total", link7, replay) in text
-    assert _series("accel_gpu_nvlink_errors_total", link7, replay - 5) in (first_text or b"").decode()
-    assert _series("accel_gpu_nvlink_up", {**H100_GPU3, "link": "16"}, 0) in text
-    assert _series("accel_gpu_nvlink_up", {**H100_GPU3, "link": "16"}, 1) not in text
+    assert _series("accel_gpu_nvlink_link_errors_total", link7, replay) in text
+    assert _series("accel_gpu_nvlink_link_errors_total", link7, replay - 5) in (first_text or b"").decode()
+    assert _series("accel_gpu_nvlink_link_up", {**H100_GPU3, "link": "16"}, 0) in text
+    assert _series("accel_gpu_nvlink_link_up", {**H100_GPU3, "link": "16"}, 1) not in text
+    assert _series("accel_gpu_nvlink_links_up", H100_GPU3, 17) in text
 
 
 def test_the_h100_exposition_matches_the_golden_file(open_nvml: Open) -> None:
     """Regenerate on purpose with ACCEL_UPDATE_GOLDEN=1, then review the diff."""
     _fake, reader = open_nvml("h100x8")
-    exposition = generate_latest(nvml_registry(reader.read())).decode()
+    exposition = client_text(nvml_metrics(reader.read()))
     if os.environ.get("ACCEL_UPDATE_GOLDEN") == "1":
         GOLDEN.write_text(exposition)
     assert exposition == GOLDEN.read_text()
     registry = nvml_registry(reader.read())
     assert (
-        registry.get_sample_value(
-            "accel_gpu_nvlink_errors_total", {**H100_GPU3, "link": "7", "error": "crc_flit"}
-        )
-        == 12
+        registry.get_sample_value("accel_gpu_nvlink_errors_total", {**H100_GPU3, "error": "crc_flit"}) == 12
     )
+    assert "accel_gpu_nvlink_link_" not in exposition  # per GPU by default: no per-link series
 
 
 def test_the_golden_exposition_passes_promtool_check_metrics() -> None:
@@ -630,11 +645,147 @@ def test_the_golden_exposition_passes_promtool_check_metrics() -> None:
     assert checked.returncode == 0, checked.stdout.decode() + checked.stderr.decode()
 
 
+# -- NVLink per GPU ---------------------------------------------------------------------------------------
+
+
+def gpu3_links(reader: PynvmlReader) -> NvLinkTotals | None:
+    return reader.read().gpus[3].nvlink_totals
+
+
+@pytest.fixture
+def h100(open_nvml: Open) -> tuple[FakeNvml, PynvmlReader]:
+    """The h100x8 node, with GPU 3's NVLink readings its own to change."""
+    fake, reader = open_nvml("h100x8")
+    fake.gpus[3]["nvlink"] = copy.deepcopy(fake.gpus[3]["nvlink"])
+    return fake, reader
+
+
+def test_nvlink_totals_are_the_sums_of_the_links_counters_and_count_the_links_up(
+    h100: tuple[FakeNvml, PynvmlReader],
+) -> None:
+    fake, reader = h100
+    assert gpu3_links(reader) == NvLinkTotals(
+        links=18, links_up=18, crc_flit=12, crc_data=3, replay=4, recovery=1
+    )
+    nvlink = fake.gpus[3]["nvlink"]
+    nvlink["state"][5] = 0
+    nvlink["errors"]["replay"][9] += 7
+    assert gpu3_links(reader) == NvLinkTotals(18, 17, 12, 3, 11, 1)
+    assert reader.read().gpus[2].nvlink_totals == NvLinkTotals(18, 18, 0, 0, 0, 0)
+
+
+def test_a_link_counter_that_cannot_be_read_keeps_its_last_value_in_the_total(
+    h100: tuple[FakeNvml, PynvmlReader],
+) -> None:
+    fake, reader = h100
+    replay = fake.gpus[3]["nvlink"]["errors"]["replay"]
+    assert gpu3_links(reader) == NvLinkTotals(18, 18, 12, 3, 4, 1)
+    replay[7] = "UNKNOWN"  # link 7 held 4 of the GPU's replays: a plain sum would fall to 0
+    snapshot = reader.read()
+    assert snapshot.gpus[3].nvlinks[7].replay is None
+    assert snapshot.gpus[3].nvlink_totals == NvLinkTotals(18, 18, 12, 3, 4, 1)
+    assert snapshot.field_errors[("nvmlDeviceGetNvLinkErrorCounter", "unknown")] == 1
+    replay[7] = 6  # readable again, 2 more
+    assert gpu3_links(reader) == NvLinkTotals(18, 18, 12, 3, 6, 1)
+
+
+def test_a_link_counter_that_was_reset_adds_to_the_total_rather_than_lowering_it(
+    h100: tuple[FakeNvml, PynvmlReader],
+) -> None:
+    fake, reader = h100
+    flits = fake.gpus[3]["nvlink"]["errors"]["crc_flit"]
+    assert gpu3_links(reader) == NvLinkTotals(18, 18, 12, 3, 4, 1)
+    flits[7] = 2  # link 7's counters reset (nvidia-smi nvlink -r), then 2 new errors
+    assert gpu3_links(reader) == NvLinkTotals(18, 18, 14, 3, 4, 1)
+    flits[7] = 5
+    flits[8] = 1
+    assert gpu3_links(reader) == NvLinkTotals(18, 18, 18, 3, 4, 1)
+
+
+def test_a_link_whose_state_cannot_be_read_counts_as_it_was_last_read(
+    h100: tuple[FakeNvml, PynvmlReader],
+) -> None:
+    fake, reader = h100
+    state = fake.gpus[3]["nvlink"]["state"]
+    state[4] = 0
+    assert gpu3_links(reader) == NvLinkTotals(18, 17, 12, 3, 4, 1)
+    state[4] = "UNKNOWN"  # still down as far as anyone knows
+    assert gpu3_links(reader) == NvLinkTotals(18, 17, 12, 3, 4, 1)
+    state[4] = 1
+    state[11] = "UNKNOWN"  # up when last read
+    assert gpu3_links(reader) == NvLinkTotals(18, 18, 12, 3, 4, 1)
+
+
+def test_brief_reads_carry_no_nvlink_totals_and_leave_them_as_they_were(
+    h100: tuple[FakeNvml, PynvmlReader],
+) -> None:
+    fake, reader = h100
+    first = gpu3_links(reader)
+    fake.gpus[3]["nvlink"]["errors"]["crc_flit"][7] = "UNKNOWN"
+    assert all(gpu.nvlink_totals is None and not gpu.nvlinks for gpu in reader.read(brief=True).gpus)
+    assert gpu3_links(reader) == first
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.one_of(st.none(), st.integers(min_value=0, max_value=1000)), min_size=3, max_size=3),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_nvlink_error_totals_never_go_down_and_equal_the_sums_while_counters_only_grow(
+    reads: list[list[int | None]],
+) -> None:
+    """Any sequence of reads of three links' replay counters (None: unreadable), resets included."""
+    tally = _LinkTally()
+    previous = 0
+    growing = True
+    last: dict[int, int] = {}
+    for values in reads:
+        for link, value in enumerate(values):
+            if value is not None:
+                growing = growing and value >= last.get(link, 0)
+                last[link] = value
+        replay = tally.add(
+            tuple(NvLink(link, True, 0, 0, value, 0) for link, value in enumerate(values))
+        ).replay
+        assert (replay is None) == (not last)  # no total until some link reported the counter
+        total = replay or 0
+        assert total >= previous
+        previous = total
+        if growing:  # no counter went down so far: the total is the plain sum of the last values read
+            assert total == sum(last.values())
+
+
+def test_the_collector_publishes_nvlink_per_gpu_and_per_link_only_when_asked(
+    h100: tuple[FakeNvml, PynvmlReader],
+) -> None:
+    _fake, reader = h100
+    snapshot = reader.read()
+    per_gpu = nvml_metrics(snapshot)
+    by_name = {family.name: family for family in per_gpu}
+    nvlink = sorted(name for name in by_name if name.startswith("accel_gpu_nvlink"))
+    assert nvlink == ["accel_gpu_nvlink_errors", "accel_gpu_nvlink_links", "accel_gpu_nvlink_links_up"]
+    assert sum(len(by_name[name].samples) for name in nvlink) == 8 * (1 + 1 + 4)
+    assert all("link" not in sample.labels for name in nvlink for sample in by_name[name].samples)
+    registry = families_registry(per_gpu)
+    assert registry.get_sample_value("accel_gpu_nvlink_errors_total", {**H100_GPU3, "error": "recovery"}) == 1
+    assert registry.get_sample_value("accel_gpu_nvlink_links_up", H100_GPU3) == 18
+
+    with_links = {family.name: family for family in nvml_metrics(snapshot, per_link=True)}
+    assert len(with_links["accel_gpu_nvlink_link_up"].samples) == 8 * 18
+    assert len(with_links["accel_gpu_nvlink_link_errors"].samples) == 8 * 18 * 4
+    assert with_links["accel_gpu_nvlink_errors"].samples == by_name["accel_gpu_nvlink_errors"].samples
+    exposition = client_text(list(with_links.values()))
+    assert exposition.count("# TYPE accel_gpu_nvlink_errors_total counter") == 1  # no name shared
+
+
 # -- Xid events -------------------------------------------------------------------------------------------
 
 
 def _xid_families(registry: CollectorRegistry) -> int:
-    return generate_latest(registry).decode().count("# TYPE accel_gpu_xid_errors_total counter")
+    return generate_text(registry).decode().count("# TYPE accel_gpu_xid_errors_total counter")
 
 
 def test_nvml_xid_events_fill_in_while_the_kernel_log_cannot_be_read(open_nvml: Open, tmp_path: Path) -> None:
@@ -762,6 +913,14 @@ def test_on_a_real_gpu_batched_link_states_agree_with_asking_link_by_link() -> N
             for link in gpu.nvlinks:
                 assert link.up == bool(pynvml.nvmlDeviceGetNvLinkState(handle, link.link)), (gpu, link)
                 links += 1
+            if gpu.nvlinks:  # the first read's totals: the links' own counts and states
+                totals = gpu.nvlink_totals
+                assert totals is not None
+                assert (totals.links, totals.links_up) == (
+                    len(gpu.nvlinks),
+                    sum(1 for k in gpu.nvlinks if k.up),
+                )
+                assert totals.replay == sum(k.replay or 0 for k in gpu.nvlinks)
         print(
             f"real NVML: {len(snapshot.gpus)} GPUs, {links} NVLink links, one read took {took * 1000:.1f} ms"
         )
