@@ -59,12 +59,17 @@ apt_private=(
 )
 echo "fetching victoria-metrics $VERSION from Debian $SUITE ($mirror), once" >&2
 apt-get -qq "${apt_private[@]}" update >&2
-(cd "$WORK" && apt-get -qq "${apt_private[@]}" download "victoria-metrics=$VERSION" >&2)
+(cd "$WORK" && apt-get -qq "${apt_private[@]}" download "victoria-metrics=$VERSION" >&2) || {
+    echo "victoria-metrics $VERSION is no longer in Debian $SUITE: pin the version it has (VERSION and" >&2
+    echo "SHA256 in $0) and run \`make rules-engines\` to see what the new release changes" >&2
+    exit 1
+}
 deb="$(ls "$WORK"/victoria-metrics_*.deb)"
 echo "$SHA256  $deb" | sha256sum --check --quiet >&2 || {
     echo "victoria-metrics $VERSION: SHA-256 of $deb is not the pinned $SHA256" >&2
     exit 1
 }
+mkdir -p "$(dirname "$CACHE")"
 rm -rf "$CACHE.partial"
 dpkg-deb -x "$deb" "$CACHE.partial"
 for b in victoria-metrics vmalert vmalert-tool; do
