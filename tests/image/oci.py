@@ -224,8 +224,10 @@ def runtime_config(image: Unpacked, spec: Spec) -> dict[str, Any]:
 
 
 def _all_capabilities() -> list[str]:
-    """Every capability this kernel knows, as a privileged container gets them."""
-    last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+    """Every capability a privileged container gets: all this kernel knows, within what the harness
+    itself may hand on (its bounding set)."""
+    status = Path("/proc/self/status").read_text()
+    (bounding,) = [int(line.split()[1], 16) for line in status.splitlines() if line.startswith("CapBnd:")]
     names = [
         "CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",
         "SETPCAP", "LINUX_IMMUTABLE", "NET_BIND_SERVICE", "NET_BROADCAST", "NET_ADMIN", "NET_RAW",
@@ -234,7 +236,7 @@ def _all_capabilities() -> list[str]:
         "LEASE", "AUDIT_WRITE", "AUDIT_CONTROL", "SETFCAP", "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG",
         "WAKE_ALARM", "BLOCK_SUSPEND", "AUDIT_READ", "PERFMON", "BPF", "CHECKPOINT_RESTORE",
     ]  # fmt: skip
-    return names[: last + 1]
+    return [name for bit, name in enumerate(names) if bounding >> bit & 1]
 
 
 def write_bundle(image: Unpacked, spec: Spec, bundle: Path) -> Path:
