@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 demo: setup
 	$(BIN)/python -m examples.demo
 
-test: setup lint typecheck rules control-plane unit
+test: setup lint typecheck rules control-plane image unit
 
 setup: $(STAMP) tools
 
@@ -75,9 +75,10 @@ clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
 
 # -- the container image (Containerfile) ------------------------------------------------------------
-# `make image` builds ghcr.io/accel-health/accel-health:VERSION (pyproject.toml) offline with buildah;
-# `make image-test` builds it and runs it (tests/image: umoci + runc). `make test` runs tests/image
-# too, but only where these tools are installed and the build cache is warm; it skips them otherwise.
+# `make image` builds ghcr.io/accel-health/accel-health:VERSION (pyproject.toml) offline with buildah
+# (its downloads cached in ~/.cache/accel-health/image, like the control plane); `make image-test`
+# builds it and runs it (tests/image: umoci + runc). `make test` builds it too: tests/image and the
+# as-deployed scenarios in tests/kube run the project's containers from it.
 .PHONY: image image-test image-tools
 
 image-tools:
