@@ -5,20 +5,35 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit rules rules-engines manifests setup tools control-plane clean bench
+.PHONY: demo test lint typecheck unit rules rules-engines manifests setup tools control-plane clean bench lock
 
 demo: setup
 	$(BIN)/python -m examples.demo
 
-test: setup lint typecheck rules rules-engines control-plane unit
+test: setup lint typecheck rules rules-engines control-plane image unit
 
 setup: $(STAMP) tools
 
-$(STAMP): pyproject.toml
+# uv.lock is the one lock file: every dependency (the `checks` and `test` extras included) at one
+# version, with the hashes of its files. The virtualenv, the image (scripts/image/build.sh) and the
+# README's install take their versions from it through `uv export`, and pip refuses a file whose hash
+# differs. `make lock` updates it (the one command for that); commit the result.
+UV_VERSION := 0.13.9
+UV := $(BIN)/uv
+EXPORT := $(UV) export --quiet --frozen --no-emit-project --no-header --no-annotate --format requirements-txt
+
+$(STAMP): pyproject.toml uv.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet uv==$(UV_VERSION)
+	$(EXPORT) --all-extras --output-file $(VENV)/requirements.txt
+	$(BIN)/python -m pip install --quiet --require-hashes --requirement $(VENV)/requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
+
+# Resolves every dependency again at its newest allowed version and rewrites uv.lock.
+lock: $(STAMP)
+	$(UV) lock --upgrade
 
 # Prometheus, promtool, Alertmanager, amtool (and kubectl, for the manifests) from Debian, installed
 # only when missing.
@@ -32,6 +47,7 @@ control-plane:
 	@bash scripts/build-control-plane.sh >/dev/null
 
 lint: $(STAMP)
+	$(UV) lock --locked
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
@@ -65,15 +81,16 @@ clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
 
 # -- the container image (Containerfile) ------------------------------------------------------------
-# `make image` builds ghcr.io/accel-health/accel-health:VERSION (pyproject.toml) offline with buildah;
-# `make image-test` builds it and runs it (tests/image: umoci + runc). `make test` runs tests/image
-# too, but only where these tools are installed and the build cache is warm; it skips them otherwise.
+# `make image` builds ghcr.io/accel-health/accel-health:VERSION (pyproject.toml) offline with buildah
+# (its downloads cached in ~/.cache/accel-health/image, like the control plane); `make image-test`
+# builds it and runs it (tests/image: umoci + runc). `make test` builds it too: tests/image and the
+# as-deployed scenarios in tests/kube run the project's containers from it.
 .PHONY: image image-test image-tools
 
 image-tools:
 	@bash scripts/install-image-tools.sh
 
-image: image-tools
+image: image-tools $(STAMP)
 	bash scripts/image/build.sh
 
 image-test: image $(STAMP)

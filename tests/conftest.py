@@ -1,4 +1,5 @@
-"""Fixtures shared across the test packages: an AWS API (moto server) per test module."""
+"""Fixtures shared across the test packages: an AWS API (moto server) per test module, each starting
+from an empty AWS state."""
 
 from __future__ import annotations
 
@@ -9,14 +10,26 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 
+def reset_moto(url: str) -> None:
+    """Empties every moto backend. They live in this process, not in the server: a module's own server
+    still sees what an earlier module's server made, unless the state is reset."""
+    reset = urllib.request.Request(f"{url}/moto-api/reset", method="POST")  # noqa: S310  local http://
+    with urllib.request.urlopen(reset, timeout=10) as resp:  # noqa: S310  a local http:// URL
+        assert resp.status == 200
+
+
 @pytest.fixture(scope="module")
 def moto_url() -> Iterator[str]:
-    """A moto server of the module's own (EC2, Auto Scaling, CloudWatch over real HTTP)."""
+    """A moto server of the module's own (EC2, Auto Scaling, CloudWatch over real HTTP), empty at the
+    start of the module and emptied again at its end."""
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
     try:
-        yield f"http://{host}:{port}"
+        reset_moto(url)
+        yield url
+        reset_moto(url)
     finally:
         server.stop()
 
@@ -24,7 +37,5 @@ def moto_url() -> Iterator[str]:
 @pytest.fixture
 def moto(moto_url: str) -> str:
     """The module's moto server, emptied for this test."""
-    reset = urllib.request.Request(f"{moto_url}/moto-api/reset", method="POST")  # noqa: S310  local http://
-    with urllib.request.urlopen(reset, timeout=10) as resp:  # noqa: S310  a local http:// URL
-        assert resp.status == 200
+    reset_moto(moto_url)
     return moto_url

@@ -2,7 +2,8 @@
 
     slim.py stdlib        compile the standard library (sources kept, so its tracebacks read)
     slim.py site VENV     compile the dependencies installed in VENV to bytecode and drop their sources;
-                          keep only the botocore service models the remediator uses
+                          keep only the botocore service models the remediator uses, and of
+                          cuda-bindings only its driver API (what pciebw and gpumem call)
 
 Why: the root filesystem is read-only in the cluster, so whatever is not compiled here is compiled
 again at every start (the Kubernetes client alone is 74 MB of generated source, and `import
@@ -19,10 +20,18 @@ import sys
 import sysconfig
 from pathlib import Path
 
-BOTOCORE_SERVICES = frozenset({"autoscaling", "cloudwatch", "sts", "sso", "sso-oidc", "signin"})
-"""Service models kept in botocore/data: Auto Scaling and CloudWatch, which remediator/executors/aws.py
-calls, and those botocore's own credential providers call (STS for IRSA web identity and assumed roles,
-SSO, SSO OIDC and sign-in for profiles). The other ~440 models are 28 MB nobody here loads."""
+BOTOCORE_SERVICES = frozenset({"autoscaling", "cloudwatch", "ec2", "sts", "sso", "sso-oidc", "signin"})
+"""Service models kept in botocore/data: Auto Scaling, CloudWatch and EC2 (RebootInstances), which
+remediator/executors/aws.py calls, and those botocore's own credential providers call (STS for IRSA web
+identity and assumed roles, SSO, SSO OIDC and sign-in for profiles); of each, only its newest API
+version, the one a client loads, without the documentation examples. The other ~440 models are 28 MB
+nobody here loads."""
+
+
+CUDA_MODULES = frozenset({"driver", "cydriver", "utils", "_fast_enum"})
+"""Compiled modules kept in cuda/bindings: `cuda.bindings.driver` (exporter/checks/cuda.py imports it,
+and nothing else of the bindings) and what it imports. The runtime, NVRTC, nvJitLink, NVVM, nvFatbin,
+cuFile, cuDLA and NVML bindings, the `_v2` copies and the Cython headers are 22 MB nobody here loads."""
 
 
 def compile_stdlib() -> None:
@@ -46,6 +55,31 @@ def trim_botocore(site: Path) -> int:
     for service in data.iterdir():
         if service.is_dir() and service.name not in BOTOCORE_SERVICES:
             shutil.rmtree(service)
+            removed += 1
+        elif service.is_dir():
+            *older, _newest = sorted(v for v in service.iterdir() if v.is_dir())
+            for version in older:
+                shutil.rmtree(version)
+            for examples in service.rglob("examples-1.json"):
+                examples.unlink()
+    return removed
+
+
+def trim_cuda(site: Path) -> int:
+    """Remove what `cuda.bindings.driver` does not load; returns how many files were removed."""
+    bindings = site / "cuda" / "bindings"
+    if not bindings.is_dir():
+        return 0
+    removed = 0
+    if (bindings / "_v2").is_dir():
+        removed += sum(1 for p in (bindings / "_v2").rglob("*") if p.is_file())
+        shutil.rmtree(bindings / "_v2")
+    for path in list(bindings.rglob("*")):
+        if not path.is_file():
+            continue
+        unused_extension = path.suffix == ".so" and path.name.split(".", 1)[0] not in CUDA_MODULES
+        if unused_extension or path.suffix in {".pxd", ".pxi", ".pyx"}:
+            path.unlink()
             removed += 1
     return removed
 
@@ -71,8 +105,12 @@ def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "site":
         site = site_packages(Path(argv[1]))
         removed = trim_botocore(site)
+        cuda = trim_cuda(site)
         dropped = bytecode_only(site)
-        print(f"slim: {removed} botocore service models removed, {dropped} sources compiled and dropped")
+        print(
+            f"slim: {removed} botocore service models and {cuda} files of cuda-bindings removed, "
+            f"{dropped} sources compiled and dropped"
+        )
         return 0
     print(__doc__, file=sys.stderr)
     return 2

@@ -529,19 +529,7 @@ def test_network_policies_admit_alertmanager_and_prometheus_on_the_service_ports
     sources = {p["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for p in ingress["from"]}
     assert sources == {"alertmanager", "prometheus"}
     assert ingress["ports"] == [{"port": 9836, "protocol": "TCP"}]
-    exporter = find(objects, "NetworkPolicy", "accel-health-exporter")
-    sources = {
-        p["podSelector"]["matchLabels"]["app.kubernetes.io/name"]
-        for rule in exporter["spec"]["ingress"]
-        for p in rule["from"]
-    }
-    # Prometheus scrapes; `accel-health check` and the remediator's post-repair verification call /checks.
-    assert sources == {"prometheus", "accel-health-check", "accel-health-remediator"}
-    assert all(rule["ports"] == [{"port": 9835, "protocol": "TCP"}] for rule in exporter["spec"]["ingress"])
-    # Only the API server (its node's pods); nothing else.
-    assert exporter["spec"]["egress"] == [
-        {"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]}
-    ]
+    # The exporter's policy, connection by connection: tests/deploy/test_exporter_network_policy.py.
 
 
 @needs_promtool

@@ -13,6 +13,7 @@ import pytest
 
 from tests.kube import podnet
 from tests.kube.controlplane import ControlPlane, ControlPlaneUnavailable, control_plane, find_binaries
+from tests.kube.deployed import image_skip_reason
 
 
 def control_plane_skip_reason() -> str | None:
@@ -30,7 +31,7 @@ def deployed_skip_reason() -> str | None:
     for tool in ("kubectl", "prometheus", "prometheus-alertmanager"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed (make test installs it)"
-    return None
+    return image_skip_reason()
 
 
 @pytest.fixture(scope="module")

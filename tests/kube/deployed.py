@@ -3,9 +3,13 @@
 `Deployment.start()` renders an overlay of deploy/ with `kubectl kustomize`, applies it server-side,
 sets the webhook token as the README says, and lets the kubelet stand-in run what the manifests run:
 the exporter DaemonSet on every accelerator node and the two remediator replicas, with their own args,
-env, volumes and ServiceAccount. Real Prometheus runs deploy/prometheus/prometheus.yaml (pod
-discovery through the API server, the shipped 10 s intervals, the rules from alerts/) and real
-Alertmanager runs the shipped routing (examples/alertmanager.yaml) to the remediator Service.
+env, volumes and ServiceAccount, each container the image `make image` builds run by runc with its
+securityContext (user, groups, capabilities, read-only root; tests/kube/kubelet.py says what is
+played). `Deployment(from_image=False)` runs them from the development virtualenv instead, as root,
+for a scenario that needs a debugger-level view of the processes. Real Prometheus runs
+deploy/prometheus/prometheus.yaml (pod discovery through the API server, the shipped 10 s intervals,
+the rules from alerts/) and real Alertmanager runs the shipped routing (examples/alertmanager.yaml) to
+the remediator Service.
 
 The monitoring stack the harness plays is kube-prometheus': Alertmanager `main` in `monitoring`, three
 real members gossiping as an HA cluster, each at an address of its own on the pod network, port 9093,
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import re
 import secrets
@@ -43,6 +48,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from examples.pipeline import free_port
 from tests.deploy import kube as deploy_kube
+from tests.image import oci
 from tests.kube.controlplane import (
     ControlPlane,
     Process,
@@ -74,6 +80,25 @@ OPERATOR_KINDS = {
     "PrometheusRule": "prometheusrules",
     "AlertmanagerConfig": "alertmanagerconfigs",
 }
+
+
+@functools.cache
+def project_image() -> oci.Unpacked:
+    """The image `make image` built, rebuilt if the sources changed (warm caches only, seconds) and
+    unpacked; raises oci.ImageUnavailable where it cannot be."""
+    reason = oci.problem()
+    if reason:
+        raise oci.ImageUnavailable(reason)
+    oci.build()
+    return oci.unpack()
+
+
+def image_skip_reason() -> str | None:
+    try:
+        project_image()
+    except oci.ImageUnavailable as exc:
+        return f"the image: {exc}"
+    return None
 
 
 def render(overlay: str) -> list[Obj]:
@@ -246,6 +271,8 @@ class Deployment:
     alertmanagers: list[str] = field(default_factory=list)
     """Base URLs of the Alertmanager members (http://ADDRESS:9093), as the harness reaches them."""
     discovery: PodDiscovery | None = None
+    from_image: bool = True
+    """The project's containers run from the image (runc); False: from the virtualenv, as root."""
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -270,6 +297,7 @@ class Deployment:
             settings=self.kubelet_settings,
             network=self.network,
             runs_process=is_project_pod,
+            image=project_image() if self.from_image else None,
         )
         self.kubelet.api_port_for_pods = self.skew.port
         self._add_nodes()

@@ -7,11 +7,20 @@
 - Running: a bound pod becomes Running and Ready after `start_delay`. Pods of the project's image are
   real processes: their container command runs with the manifest's own args and env (fieldRefs and
   $(VAR) expanded), in a network namespace of their own and with their volumes mounted at their
-  mountPaths (Secrets, ConfigMaps, hostPaths from the fake node's root, the service-account token
-  unless automount is off), env from values, fieldRefs and ConfigMap or Secret keys, and an /etc/hosts
-  naming the Services the harness plays outside the API (`hosts`); readiness follows the manifest's
-  readinessProbe. A process that exits is restarted (restartPolicy Always) and counted in
-  restartCount.
+  mountPaths (Secrets, ConfigMaps, emptyDirs, hostPaths from the fake node's root, the
+  service-account token unless automount is off), env from values, fieldRefs and ConfigMap or Secret
+  keys, and an /etc/hosts naming the Services the harness plays outside the API (`hosts`); readiness
+  follows the manifest's readinessProbe. A process that exits is restarted (restartPolicy Always) and
+  counted in restartCount.
+- With `image` (the image `make image` built, unpacked), each such container is the image run by
+  runc as a container runtime runs it: the securityContext's user and group (the image's USER when
+  none is set), fsGroup as a supplementary group and as the group of the Secret, ConfigMap and
+  token files (with group read added, as the kubelet does), the capabilities left after `drop` and
+  `add` (none effective for a non-root user), `privileged`, `readOnlyRootFilesystem` and
+  `allowPrivilegeEscalation`; the image's own environment and PATH under the manifest's env. Not
+  played: seccomp profiles, resource limits, the device cgroup of an unprivileged container.
+  Without `image`, the command runs from the development virtualenv as root (`tests.kube.podrun`):
+  what a scenario uses that needs a debugger-level view of the process.
 - Terminating: a pod with a deletionTimestamp is stopped (SIGTERM, then SIGKILL after its grace
   period) and finalized after `terminate_delay`, as the kubelet confirms a deletion.
 
@@ -22,12 +31,14 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import json
 import logging
 import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -38,6 +49,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from tests.image import oci
 from tests.kube.controlplane import ControlPlane, Process, spawn
 from tests.kube.podnet import PodNetwork
 from tests.kube.rest import ApiError, Obj
@@ -50,6 +62,31 @@ _VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class ContainerProcess(Process):
+    """`runc run` of one container; signals go to the container through runc."""
+
+    container: str = ""
+
+    def send(self, sig: int) -> None:
+        subprocess.run(
+            [oci.tool("runc"), "kill", self.container, str(int(sig))],
+            capture_output=True,
+            check=False,
+            timeout=30,
+        )
+
+    def stop(self, *, timeout: float = 10.0, sig: int = signal.SIGTERM) -> None:
+        if self.popen.poll() is None:
+            self.send(sig)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.send(signal.SIGKILL)
+                self.popen.wait(timeout=30)
+        oci.delete(self.container)
 
 
 @dataclass
@@ -147,6 +184,8 @@ class FakeKubelet:
     """Where process-backed pods get their namespaces; None runs no process (every pod is fake)."""
     runs_process: Callable[[Obj], bool] = lambda _pod: False
     """Which pods are real processes (the project's image)."""
+    image: oci.Unpacked | None = None
+    """The project's image: those pods' containers run from it with runc (None: from the virtualenv)."""
     nodes: dict[str, Path] = field(default_factory=dict)
     """Fake node name -> its root folder (hostPath volumes resolve there)."""
     api_port_for_pods: int = 443
@@ -457,6 +496,12 @@ class FakeKubelet:
         self._created_dirs.append(missing)
 
     def _volume(self, pod: Obj, volume: Obj, pod_dir: Path) -> Path:
+        path = self._volume_source(pod, volume, pod_dir)
+        if "hostPath" not in volume:
+            _set_volume_ownership(path, _fs_group(pod), read_only="emptyDir" not in volume)
+        return path
+
+    def _volume_source(self, pod: Obj, volume: Obj, pod_dir: Path) -> Path:
         name = volume["name"]
         ns = pod["metadata"]["namespace"]
         target: Path = pod_dir / "volumes" / name
@@ -492,6 +537,7 @@ class FakeKubelet:
                 return target
         if "emptyDir" in volume:
             target.mkdir(parents=True, exist_ok=True)
+            target.chmod(0o777)
             return target
         raise ValueError(f"volume {name}: kind not played by the kubelet stand-in: {sorted(volume)}")
 
@@ -517,22 +563,36 @@ class FakeKubelet:
             (sa_dir / "token").write_text(self.plane.service_account_token(meta["namespace"], sa_name))
             shutil.copyfile(self.plane.pki.ca_cert, sa_dir / "ca.crt")
             (sa_dir / "namespace").write_text(meta["namespace"])
+            for item in sa_dir.iterdir():
+                item.chmod(0o644)  # the token volume's defaultMode (420)
+            _set_volume_ownership(sa_dir, _fs_group(pod), read_only=True)
             mounts.append((str(sa_dir), SA_MOUNT, True))
-        for source, mount_path, _ro in mounts:
-            self._mount_point(mount_path, is_file=Path(source).is_file())
+        if self.image is None:
+            for source, mount_path, _ro in mounts:
+                self._mount_point(mount_path, is_file=Path(source).is_file())
         env = self._env(pod, container)
         argv = [*container.get("command", []), *container.get("args", [])]
         argv = [_VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), a) for a in argv]
-        argv[0] = shutil.which(argv[0], path=str(Path(sys.executable).parent)) or argv[0]
+        if self.image is None:
+            argv[0] = shutil.which(argv[0], path=str(Path(sys.executable).parent)) or argv[0]
         netns, ip = self.network.add_pod()
         hosts = pod_dir / "etc-hosts"
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback", f"{ip}\t{meta['name']}"]
         hosts.write_text("\n".join([*lines, *(f"{a}\t{n}" for n, a in sorted(self.hosts.items()))]) + "\n")
+        hosts.chmod(0o644)
         mounts.append((str(hosts), "/etc/hosts", True))
         spec_file = pod_dir / "podrun.json"
-        spec_file.write_text(
-            json.dumps({"argv": argv, "env": env, "mounts": mounts, "hostname": meta["name"]})
-        )
+        if self.image is not None:
+            env.pop("PATH")  # the image's own
+            spec_file = oci.write_bundle(
+                self.image,
+                container_spec(pod, container, argv=argv, env=env, mounts=mounts, netns=netns),
+                pod_dir / "bundle",
+            )
+        else:
+            spec_file.write_text(
+                json.dumps({"argv": argv, "env": env, "mounts": mounts, "hostname": meta["name"]})
+            )
         name = f"pod-{meta['namespace']}-{meta['name']}"
         return Running(
             pod_key=key,
@@ -544,6 +604,13 @@ class FakeKubelet:
         )
 
     def _exec(self, netns: str, spec_file: Path, *, name: str) -> Process:
+        if self.image is not None:
+            # A container name of its own per pod (runc's state is global): the bundle's folder name
+            # is the pod's, made unique by the workdir.
+            container = f"ah{os.getpid()}-{hashlib.sha256(str(spec_file).encode()).hexdigest()[:12]}"
+            oci.delete(container)  # the exited run before a restart
+            started = spawn(name, oci.run_argv(spec_file, container), log_dir=self.workdir)
+            return ContainerProcess(name=name, popen=started.popen, log=started.log, container=container)
         argv = [
             "ip",
             "netns",
@@ -620,11 +687,92 @@ class FakeKubelet:
                 return run
         raise KeyError(f"{namespace}/{name} is not a running process")
 
+    def container_pid(self, namespace: str, name: str) -> int:
+        """The host pid of the pod's container process (runc's state)."""
+        process = self.pod_process(namespace, name).process
+        if not isinstance(process, ContainerProcess):
+            return process.popen.pid
+        state = subprocess.run(
+            [oci.tool("runc"), "state", process.container],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        )
+        pid: int = json.loads(state.stdout)["pid"]
+        return pid
+
     def kill(self, namespace: str, name: str) -> None:
         """SIGKILL the pod's process, as a crash or an OOM kill would (the stand-in restarts it)."""
         run = self.pod_process(namespace, name)
+        if isinstance(run.process, ContainerProcess):
+            run.process.send(signal.SIGKILL)
+            return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(run.process.popen.pid, signal.SIGKILL)
+
+
+def _fs_group(pod: Obj) -> int | None:
+    group = (pod["spec"].get("securityContext") or {}).get("fsGroup")
+    return None if group is None else int(group)
+
+
+def _set_volume_ownership(path: Path, fs_group: int | None, *, read_only: bool) -> None:
+    """What the kubelet does to a volume of a pod with an fsGroup (pkg/volume/volume_linux.go): every
+    file and folder gets that group, files group read (and write, unless the volume is read-only)
+    added, folders the set-group-id bit and group search. Without an fsGroup, nothing."""
+    if fs_group is None:
+        return
+    for item in [path, *path.rglob("*")]:
+        os.lchown(item, -1, fs_group)
+        if item.is_symlink():
+            continue
+        mode = item.stat().st_mode & 0o7777
+        mask = 0o440 if read_only else 0o660
+        if item.is_dir():
+            mask |= 0o2000 | 0o110
+        item.chmod(mode | mask)
+
+
+_DEFAULT_CAPABILITIES = frozenset(oci.DEFAULT_CAPABILITIES)
+
+
+def container_spec(
+    pod: Obj,
+    container: Obj,
+    *,
+    argv: list[str],
+    env: dict[str, str],
+    mounts: list[tuple[str, str, bool]],
+    netns: str,
+) -> oci.Spec:
+    """How a container runtime runs ``container`` of ``pod``: the user, groups, capabilities and
+    file system rights of its securityContext (over the pod's), its volumes, the pod's network."""
+    pod_sc = pod["spec"].get("securityContext") or {}
+    sc = container.get("securityContext") or {}
+    uid = sc.get("runAsUser", pod_sc.get("runAsUser"))
+    gid = sc.get("runAsGroup", pod_sc.get("runAsGroup"))
+    user = None if uid is None else (int(uid), int(gid if gid is not None else 0))
+    groups = [int(g) for g in pod_sc.get("supplementalGroups") or []]
+    if pod_sc.get("fsGroup") is not None:
+        groups.append(int(pod_sc["fsGroup"]))
+    caps = sc.get("capabilities") or {}
+    dropped = {f"CAP_{c}" for c in caps.get("drop") or []}
+    kept = set() if "CAP_ALL" in dropped else _DEFAULT_CAPABILITIES - dropped
+    kept |= {f"CAP_{c}" for c in caps.get("add") or []}
+    return oci.Spec(
+        args=argv,
+        env=env,
+        user=user,
+        supplementary_groups=groups,
+        read_only_root=bool(sc.get("readOnlyRootFilesystem")),
+        capabilities=sorted(kept),
+        privileged=bool(sc.get("privileged")),
+        no_new_privileges=sc.get("allowPrivilegeEscalation") is False,
+        mounts=[oci.Mount(Path(source), target, read_only) for source, target, read_only in mounts],
+        network_namespace=Path("/var/run/netns") / netns,
+        hostname=pod["metadata"]["name"],
+    )
 
 
 def write_kmsg(node_root: Path, message: str, *, level: int = 3) -> None:

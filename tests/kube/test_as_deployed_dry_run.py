@@ -1,19 +1,25 @@
 """accel-health as first installed: deploy/overlays/dry-run on a real API server. The same fault as in
 test_as_deployed makes the leader record the same decisions (condition, cordon, drain with the pods it
 would evict), marked dry-run, and the cluster is left exactly as it was: per the API server's audit
-log the remediator's only writes are to its own leader Lease, though it reads Alertmanager's API."""
+log the remediator's only writes are to its own leader Lease, though it reads Alertmanager's API.
+Every container runs from the image as its manifest says (user, groups, capabilities, read-only
+root), and the exporter's kernel-log counts survive a restart of its container through its state
+hostPath, also when the ring buffer has moved past the record."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.request import urlopen
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.readers.kmsg import STATE_FILE_NAME
 from tests.kube.conftest import deployed_skip_reason
 from tests.kube.controlplane import wait_for
-from tests.kube.deployed import NAMESPACE, REMEDIATOR, WORK_NS, Deployment, add_training
+from tests.kube.deployed import EXPORTER, NAMESPACE, REMEDIATOR, WORK_NS, Deployment, add_training
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -87,3 +93,90 @@ def test_the_dry_run_overlay_records_every_decision_and_changes_nothing(cluster:
     }
     assert writes, "the remediator never wrote its Lease: it cannot have led"
     assert {resource for _verb, resource, _name in writes} == {"leases"}, writes
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {key: value.strip() for key, _, value in (line.partition(":") for line in lines)}
+
+
+def _root_mount_options(pid: int) -> list[str]:
+    for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4] == "/":
+            return fields[5].split(",")
+    raise AssertionError(f"no root mount for pid {pid}")
+
+
+def test_every_container_runs_from_the_image_as_its_manifest_says(cluster: Deployment) -> None:
+    """The remediator as uid 65532 with its fsGroup, no capability, no privilege escalation; the
+    exporter as root, privileged (components/kmsg-privileged); both on the image's read-only root."""
+    assert cluster.kubelet is not None
+    assert cluster.kubelet.image is not None
+    rootfs = cluster.kubelet.image.rootfs
+    pods = cluster.pods()
+    assert {p["metadata"]["labels"]["app.kubernetes.io/name"] for p in pods} == {EXPORTER, REMEDIATOR}
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        pid = cluster.kubelet.container_pid(NAMESPACE, name)
+        status = _status(pid)
+        assert "ro" in _root_mount_options(pid), name
+        # The interpreter running is the image's file (the same inode, seen through the container's root).
+        running, shipped = Path(f"/proc/{pid}/exe").stat(), (rootfs / "usr" / "bin" / "python3.11").stat()
+        assert (running.st_dev, running.st_ino) == (shipped.st_dev, shipped.st_ino), name
+        if pod["metadata"]["labels"]["app.kubernetes.io/name"] == REMEDIATOR:
+            assert status["Uid"].split() == ["65532"] * 4, name
+            assert status["Gid"].split() == ["65532"] * 4, name
+            assert "65532" in status["Groups"].split(), name
+            assert int(status["CapEff"], 16) == 0, name
+            assert status["NoNewPrivs"] == "1", name
+        else:
+            assert status["Uid"].split() == ["0"] * 4, name
+            assert int(status["CapEff"], 16) != 0, name
+
+
+def _xid_79(url: str) -> float:
+    with urlopen(url, timeout=5) as resp:  # noqa: S310 -- http to a pod of the harness
+        text = resp.read().decode()
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "accel_gpu_xid_errors_total" and s.labels.get("xid") == "79"
+    )
+
+
+def test_the_exporters_counts_survive_a_restart_of_its_container_in_the_image(cluster: Deployment) -> None:
+    """The state hostPath (/var/lib/accel-health), written by the container as the manifest runs it:
+    after a SIGKILL and a restart, an Xid the ring buffer no longer holds still counts, once."""
+    assert cluster.kubelet is not None
+    node = "gpu-node-2"
+    (pod,) = [
+        p
+        for p in cluster.pods(selector=f"app.kubernetes.io/name={EXPORTER}")
+        if p["spec"]["nodeName"] == node
+    ]
+    name, url = pod["metadata"]["name"], f"http://{pod['status']['podIP']}:9835/metrics"
+    before = _xid_79(url)
+    cluster.write_fault(node, XID_79)
+    wait_for("the Xid counted", lambda: _xid_79(url) == before + 1, timeout=30)
+    state = cluster.kubelet.nodes[node] / "var" / "lib" / "accel-health" / STATE_FILE_NAME
+    wait_for("the counts saved in the state hostPath", state.is_file, timeout=30)
+    # The ring buffer moves on: the Xid's record (and everything before) is overwritten.
+    kmsg = cluster.kubelet.nodes[node] / "dev" / "kmsg"
+    last = int(kmsg.read_text().splitlines()[-1].split(",")[1])
+    kmsg.write_text(f"6,{last + 100},{(last + 100) * 1000},-;usb 1-1: a later record\n")
+    cluster.kubelet.kill(NAMESPACE, name)
+
+    def restarted() -> bool:
+        statuses = cluster.admin.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")["status"]
+        if statuses["containerStatuses"][0]["restartCount"] < 1:
+            return False
+        try:
+            _xid_79(url)
+        except OSError:
+            return False
+        return True
+
+    wait_for("the exporter's container restarted and serving", restarted, timeout=60)
+    assert _xid_79(url) == before + 1
