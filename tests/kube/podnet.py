@@ -9,6 +9,7 @@ and iproute2; `available()` says whether this machine can.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -34,16 +35,23 @@ def available() -> str | None:
     return None
 
 
+_INSTANCES = itertools.count()
+_SUBNETS = itertools.count()
+
+
 @dataclass
 class PodNetwork:
     """A bridge `ahb<id>` with the host at 10.213.N.1 (and, for servers the harness runs on the host in
     a pod's stead, 10.213.N.2 to .9) and pods from 10.213.N.10 up."""
 
-    ident: str = field(default_factory=lambda: f"{os.getpid() % 100000}")
-    subnet: int = field(default_factory=lambda: 1 + os.getpid() % 250)
+    ident: str = field(default_factory=lambda: f"{os.getpid() % 10000}{next(_INSTANCES) % 10}")
+    """Names of its own per network: a namespace a lingering process keeps (and its veth pair) must
+    not collide with the next network of the same test process."""
+    subnet: int = field(default_factory=lambda: 1 + (os.getpid() + next(_SUBNETS)) % 250)
     _next: int = 10
     _next_host: int = 2
     _namespaces: list[str] = field(default_factory=list)
+    _host_ends: list[str] = field(default_factory=list)
 
     @property
     def bridge(self) -> str:
@@ -81,6 +89,7 @@ class PodNetwork:
         _ip("netns", "add", ns)
         self._namespaces.append(ns)
         _ip("link", "add", host_end, "type", "veth", "peer", "name", pod_end)
+        self._host_ends.append(host_end)
         _ip("link", "set", pod_end, "netns", ns)
         _ip("link", "set", host_end, "master", self.bridge)
         _ip("link", "set", host_end, "up")
@@ -92,6 +101,11 @@ class PodNetwork:
         return ns, ip
 
     def destroy(self) -> None:
+        # Deleting the host end removes the pair even where a process still holds the pod's namespace
+        # (which `ip netns del` only unmounts).
+        for host_end in self._host_ends:
+            _ip("link", "del", host_end, check=False)
+        self._host_ends.clear()
         for ns in self._namespaces:
             _ip("netns", "del", ns, check=False)
         self._namespaces.clear()
