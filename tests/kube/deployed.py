@@ -178,7 +178,7 @@ class PodDiscovery:
                 group
                 for pod in pods
                 if not names or pod["metadata"]["namespace"] in names
-                for group in _pod_targets(pod)
+                for group in pod_targets(pod)
             ]
             text = json.dumps(groups, sort_keys=True)
             if path.read_text() != text:
@@ -191,7 +191,7 @@ def _label_name(key: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", key)
 
 
-def _pod_targets(pod: Obj) -> list[Obj]:
+def pod_targets(pod: Obj) -> list[Obj]:
     meta, spec, status = pod["metadata"], pod["spec"], pod.get("status") or {}
     ip = status.get("podIP")
     if not ip:
