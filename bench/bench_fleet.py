@@ -74,6 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the harness live
 
 from fleet import (
     RULES,
+    SHIPPED_CONFIG,
     FleetServer,
     Prometheus,
     ScrapeJob,
@@ -557,12 +558,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--interval-slack", type=float, default=0.25, help="how far p01/p99 of scrape intervals may stray"
     )
     parser.add_argument("--no-baseline", action="store_true", help="skip N = 0 (Prometheus with rules only)")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=SHIPPED_CONFIG,
+        help="another Prometheus configuration to read the scrape jobs from (a change under review); "
+        "default: deploy/prometheus/prometheus.yaml",
+    )
     args = parser.parse_args(argv)
     if not shutil.which("prometheus") or not shutil.which("kubectl"):
         print("skipped: prometheus and kubectl are needed (scripts/install-tools.sh)")
         return 0
     counts = sorted(args.sweep if args.find_max else args.nodes)
-    config, template = load_config(), exporter_template()
+    config, template = load_config(args.config), exporter_template()
     jobs = exporter_jobs(config, template)
     print(f"loadavg {_loadavg()}; capturing the real exporter's bodies ...", flush=True)
     bodies = load_bodies(jobs)
