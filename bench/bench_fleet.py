@@ -54,6 +54,7 @@ Other work on the machine (and the simulator itself, on the same 2 cores) makes 
 from __future__ import annotations
 
 import argparse
+import glob
 import itertools
 import math
 import os
@@ -209,6 +210,7 @@ class Bench:
     """Seconds after every target's first scrape; None: twice the longest interval, at least 30."""
     cpu_limit: float
     interval_slack: float
+    rule_files: Sequence[Path]
 
     def measure(self, nodes: int) -> Run:
         longest = max(j.interval for j in self.jobs)
@@ -222,7 +224,9 @@ class Bench:
             "scrape_interval": f"{SELF_INTERVAL:g}s",
             "static_configs": [{"targets": [f"127.0.0.1:{port}"]}],
         }
-        config = prometheus_config(self.config, sd_files=sd, extra_jobs=[itself])
+        config = prometheus_config(
+            self.config, sd_files=sd, rule_files=[str(f) for f in self.rule_files], extra_jobs=[itself]
+        )
         regex = exporter_job_regex(self.jobs)
         run = Run(nodes=nodes, window=window)
         with Prometheus(folder / "prometheus", config, port=port) as prometheus:
@@ -242,9 +246,10 @@ class Bench:
             _read_totals(run, prometheus, at=t1, window=window_s)
             if nodes:
                 _read_scrapes(run, prometheus, self.jobs, at=t1, window=window_s)
-            _read_groups(run, prometheus, at=t1, window=window_s)
-            if nodes:
-                run.seconds_per_sample = marginal_cost(prometheus, at=t1, age=window_s + warm)
+            reads = range_reads(self.rule_files)
+            _read_groups(run, prometheus, reads, at=t1, window=window_s)
+            if nodes and reads:
+                run.seconds_per_sample = marginal_cost(prometheus, reads, at=t1, age=window_s + warm)
         _judge(run, self.jobs, cpu_limit=self.cpu_limit, slack=self.interval_slack)
         shutil.rmtree(folder, ignore_errors=True)
         return run
@@ -287,7 +292,7 @@ def _read_scrapes(run: Run, p: Prometheus, jobs: Sequence[ScrapeJob], *, at: flo
             run.intervals[job.name] = (cuts[0], statistics.median(gaps), cuts[98], max(gaps))
 
 
-def _read_groups(run: Run, p: Prometheus, *, at: float, window: int) -> None:
+def _read_groups(run: Run, p: Prometheus, reads: Sequence[RangeRead], *, at: float, window: int) -> None:
     w, me, g = f"[{window}s]", f'job="{SELF_JOB}"', "rule_group"
     last = f"prometheus_rule_group_last_duration_seconds{{{me}}}"
     interval = p.by(g, f"prometheus_rule_group_interval_seconds{{{me}}}", at=at)
@@ -310,7 +315,7 @@ def _read_groups(run: Run, p: Prometheus, *, at: float, window: int) -> None:
     for r in p.query_range(f"quantile_over_time(0.5, {last}[60s])", start=start, end=at, step=60):
         if (group := run.groups.get(_group_name(r["metric"][g]))) is not None:
             group.per_minute = [float(v) for _, v in r["values"]]
-    for read in range_reads(sorted(RULES.glob("*.yaml"))):
+    for read in reads:
         group = run.groups.get(read.group)
         if group is None:
             continue
@@ -328,11 +333,13 @@ def _read_groups(run: Run, p: Prometheus, *, at: float, window: int) -> None:
         group.read_full += minute / 60 * read.seconds
 
 
-def marginal_cost(p: Prometheus, *, at: float, age: float, tries: int = 3) -> float:
+def marginal_cost(
+    p: Prometheus, reads: Sequence[RangeRead], *, at: float, age: float, tries: int = 3
+) -> float:
     """Seconds a query spends per sample read by the rules' range selectors: every selector queried as
     max_over_time over 30 s and over all the data there is (`age` seconds), the fastest of `tries` each;
     the difference in time over the difference in samples. NaN when there is not data enough."""
-    selectors = sorted({read.selector for read in range_reads(sorted(RULES.glob("*.yaml")))})
+    selectors = sorted({read.selector for read in reads})
     spent, read = {}, {}
     for span in (30, max(60, int(age) - 5)):
         spent[span] = 0.0
@@ -510,6 +517,8 @@ def _print_full_ranges(measured: Sequence[Run]) -> None:
     if not measured:
         return
     r = max(measured, key=lambda run: run.nodes)
+    if not any(group.read_full for group in r.groups.values()):
+        return
     cost = r.seconds_per_sample
     print(
         f"\nrange selectors at N={r.nodes}, per node: samples read per evaluation at the end of the window "
@@ -565,6 +574,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="another Prometheus configuration to read the scrape jobs from (a change under review); "
         "default: deploy/prometheus/prometheus.yaml",
     )
+    parser.add_argument(
+        "--rules",
+        default=str(RULES / "*.yaml"),
+        help="the rule files Prometheus loads (a glob; '' for none: what scraping alone costs); "
+        "default: alerts/*.yaml",
+    )
     args = parser.parse_args(argv)
     if not shutil.which("prometheus") or not shutil.which("kubectl"):
         print("skipped: prometheus and kubectl are needed (scripts/install-tools.sh)")
@@ -589,6 +604,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             warmup=args.warmup,
             cpu_limit=args.cpu_limit,
             interval_slack=args.interval_slack,
+            rule_files=sorted(Path(f) for f in glob.glob(args.rules)) if args.rules else [],
         )
         for n in ([] if args.no_baseline else [0]) + counts:
             print(f"N={n} ... (loadavg {_loadavg()})", flush=True)
