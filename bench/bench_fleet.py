@@ -334,29 +334,23 @@ def _read_groups(run: Run, p: Prometheus, reads: Sequence[RangeRead], *, at: flo
 
 
 def marginal_cost(
-    p: Prometheus, reads: Sequence[RangeRead], *, at: float, age: float, tries: int = 3
+    p: Prometheus, reads: Sequence[RangeRead], *, at: float, age: float, rounds: int = 5
 ) -> float:
-    """Seconds a query spends per sample read by the rules' range selectors: every selector queried as
-    max_over_time over 30 s and over all the data there is (`age` seconds), the fastest of `tries` each;
-    the difference in time over the difference in samples. NaN when there is not data enough."""
+    """Seconds a query spends per sample read by the rules' range selectors: in each round, every
+    selector queried as max_over_time over 30 s and over all the data there is (`age` seconds), the
+    engine's own evaluation time and sample count (query stats); the difference in time over the
+    difference in samples, median of the rounds. NaN when there is not data enough."""
     selectors = sorted({read.selector for read in reads})
-    spent, read = {}, {}
-    for span in (30, max(60, int(age) - 5)):
-        spent[span] = 0.0
-        read[span] = 0.0
-        for selector in selectors:
-            promql = f"count(max_over_time({selector}[{span}s]))"
-            fastest = math.inf
-            for _ in range(tries):
-                started = time.perf_counter()
-                p.query(promql, at=at)
-                fastest = min(fastest, time.perf_counter() - started)
-            spent[span] += fastest
-            read[span] += p.value(f"sum(count_over_time({selector}[{span}s]))", at=at) or 0.0
-    short, long = sorted(spent)
-    if read[long] <= read[short]:
-        return math.nan
-    return max(0.0, spent[long] - spent[short]) / (read[long] - read[short])
+    ratios = []
+    for _ in range(rounds):
+        spent, read = [], []
+        for span in (30, max(60, int(age) - 5)):
+            measured = [p.query_stats(f"count(max_over_time({s}[{span}s]))", at=at) for s in selectors]
+            spent.append(sum(seconds for seconds, _ in measured))
+            read.append(sum(samples for _, samples in measured))
+        if read[1] > read[0]:
+            ratios.append((spent[1] - spent[0]) / (read[1] - read[0]))
+    return max(0.0, statistics.median(ratios)) if ratios else math.nan
 
 
 def _group_name(rule_group: str) -> str:

@@ -710,6 +710,12 @@ class Prometheus:
         result: list[Obj] = data["result"]
         return result
 
+    def query_stats(self, promql: str, *, at: float) -> tuple[float, float]:
+        """An instant query's evaluation seconds and the samples it read, as the engine counts them
+        (`stats=all`: evalTotalTime, totalQueryableSamples)."""
+        stats = self._api("query", {"query": promql, "time": f"{at:.3f}", "stats": "all"}, 60)["stats"]
+        return float(stats["timings"]["evalTotalTime"]), float(stats["samples"]["totalQueryableSamples"])
+
     def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[Obj]:
         params = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
         result: list[Obj] = self._api("query_range", params, 60)["result"]
