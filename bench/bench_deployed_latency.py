@@ -14,12 +14,17 @@ at a random phase of the scrape and evaluation cycles. For each it takes the tim
 Only the safety gates are widened (budget and storm breaker, which would otherwise hold nodes back on
 purpose: this measures latency, not the gates). Needs root (pod network namespaces), the control
 plane binaries (scripts/build-control-plane.sh), Prometheus and Alertmanager: `make bench-deployed`.
-Prints p50, p95 and max of every stage and what Prometheus spends.
+Prints p50, p95, p99 and max of every stage and what Prometheus spends.
+
+`--fleet N` has Prometheus carry N more nodes while the faults are measured: simulated 8-GPU nodes
+(bench/fleet.py, served from this process) that pod discovery lists as exporter pods beside the
+cluster's, so the shipped scrape jobs and relabeling take them as they take the real ones.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import statistics
@@ -28,14 +33,27 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fleet import (
+    FleetServer,
+    ScrapeJob,
+    exporter_job_regex,
+    exporter_jobs,
+    exporter_template,
+    load_bodies,
+    load_config,
+)
+
 from tests.kube.conftest import deployed_skip_reason
 from tests.kube.deployed import NAMESPACE, REMEDIATOR, Deployment
+from tests.kube.rest import Obj
 
 XID = "NVRM: Xid (PCI:0000:9d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 SA_USER = f"system:serviceaccount:{NAMESPACE}:{REMEDIATOR}"
@@ -127,10 +145,13 @@ def _report(
     print(
         f"{len(done)} of {len(nodes)} faults reached a cordon" + (f"; missing {missing}" if missing else "")
     )
-    print(f"{'stage':28} {'p50':>7} {'p95':>7} {'max':>7}   (seconds)")
+    print(f"{'stage':28} {'p50':>7} {'p95':>7} {'p99':>7} {'max':>7}   (seconds)")
     for stage, values in series.items():
         if values:
-            print(f"{stage:28} {statistics.median(values):7.2f} {_pct(values, 0.95):7.2f} {max(values):7.2f}")
+            print(
+                f"{stage:28} {statistics.median(values):7.2f} {_pct(values, 0.95):7.2f} "
+                f"{_pct(values, 0.99):7.2f} {max(values):7.2f}"
+            )
     return missing
 
 
@@ -139,6 +160,9 @@ def main() -> int:
     parser.add_argument("--faults", type=int, default=22)
     parser.add_argument("--window", type=float, default=180.0, help="seconds over which faults are spread")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--fleet", type=int, default=0, metavar="N", help="simulated nodes Prometheus carries meanwhile"
+    )
     args = parser.parse_args()
     reason = deployed_skip_reason()
     if reason:
@@ -146,21 +170,28 @@ def main() -> int:
         return 0
     rng = random.Random(args.seed)
     nodes = [f"gpu-node-{i}" for i in range(1, args.faults + 1)]
-    with tempfile.TemporaryDirectory(prefix="accel-health-bench-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="accel-health-bench-"))
         t_start = time.monotonic()
+        fleet = stack.enter_context(_fleet(args.fleet, overlay="enforce")) if args.fleet else None
         deployment = Deployment(
             workdir=Path(tmp),
             overlay="enforce",
             gpu_nodes=args.faults,
             cpu_nodes=2,
             policy_override=WIDE_GATES,
+            extra_pods=fleet.pods if fleet else [],
         )
         with deployment as d:
-            d.wait_ready(timeout=180)
-            print(f"harness up in {time.monotonic() - t_start:.1f} s ({args.faults} GPU nodes, 2 CPU nodes)")
+            d.wait_ready(timeout=180 + args.fleet / 10)
+            print(
+                f"harness up in {time.monotonic() - t_start:.1f} s ({args.faults} GPU nodes, 2 CPU nodes, "
+                f"{args.fleet} simulated nodes); loadavg {_loadavg()}"
+            )
             written: dict[str, float] = {}
             moments = sorted((rng.uniform(0, args.window), node) for node in nodes)
             own0, t0 = _prometheus_own(d), time.time()
+            sim0 = fleet.server.cpu_seconds() if fleet else 0.0
 
             def writer() -> None:
                 for at, node in moments:
@@ -178,9 +209,37 @@ def main() -> int:
             thread.join()
             stages = _stages(d, written)
             cost = _prometheus_cost(d, own0, time.time() - t0)
+            if fleet:
+                cost["simulator_cpu_cores"] = round(
+                    (fleet.server.cpu_seconds() - sim0) / (time.time() - t0), 4
+                )
+                cost["exporter_targets_up"] = len(
+                    d.query(f'up{{job=~"{exporter_job_regex(fleet.jobs)}"}} == 1')
+                )
+            print(f"loadavg at the end {_loadavg()}")
     missing = _report(nodes, written, cordoned, stages)
     print("Prometheus: " + json.dumps(cost))
     return 0 if not missing else 1
+
+
+@dataclass
+class _Fleet:
+    server: FleetServer
+    jobs: list[ScrapeJob]
+    pods: list[Obj]
+
+
+@contextlib.contextmanager
+def _fleet(nodes: int, *, overlay: str) -> Iterator[_Fleet]:
+    """`nodes` simulated exporter nodes served from this process, as pods for the harness's discovery."""
+    config, template = load_config(), exporter_template(overlay)
+    jobs = exporter_jobs(config, template)
+    with FleetServer(load_bodies(jobs), nodes) as server:
+        yield _Fleet(server=server, jobs=jobs, pods=server.pods(template, jobs))
+
+
+def _loadavg() -> str:
+    return Path("/proc/loadavg").read_text().strip()
 
 
 def _prometheus_cost(d: Deployment, before: dict[str, float], seconds: float) -> dict[str, Any]:

@@ -167,6 +167,8 @@ class PodDiscovery:
 
     rest: Rest
     folder: Path
+    extra_pods: list[Obj] = field(default_factory=list)
+    """Pods discovered besides the API server's (see Deployment.extra_pods)."""
     _configs: dict[Path, Obj] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -196,14 +198,14 @@ class PodDiscovery:
                 self.sync()
 
     def sync(self) -> None:
-        pods = self.rest.items("/api/v1/pods")
+        pods = self.rest.items("/api/v1/pods") + self.extra_pods
         for path, sd in self._configs.items():
             names = (sd.get("namespaces") or {}).get("names")
             groups = [
                 group
                 for pod in pods
                 if not names or pod["metadata"]["namespace"] in names
-                for group in _pod_targets(pod)
+                for group in pod_targets(pod)
             ]
             text = json.dumps(groups, sort_keys=True)
             if path.read_text() != text:
@@ -216,7 +218,7 @@ def _label_name(key: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", key)
 
 
-def _pod_targets(pod: Obj) -> list[Obj]:
+def pod_targets(pod: Obj) -> list[Obj]:
     meta, spec, status = pod["metadata"], pod["spec"], pod.get("status") or {}
     ip = status.get("podIP")
     if not ip:
@@ -273,6 +275,9 @@ class Deployment:
     discovery: PodDiscovery | None = None
     from_image: bool = True
     """The project's containers run from the image (runc); False: from the virtualenv, as root."""
+    extra_pods: list[Obj] = field(default_factory=list)
+    """Pods Prometheus discovers besides the cluster's, as pod discovery would list them (benchmarks:
+    a simulated fleet's exporters, bench/fleet.py). They are not in the API server."""
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -463,7 +468,9 @@ class Deployment:
         # Debian's Prometheus is built without Kubernetes discovery: the harness discovers the pods
         # itself and hands Prometheus the same targets and __meta_kubernetes_* labels through file_sd,
         # so the shipped relabel_configs run unchanged.
-        self.discovery = PodDiscovery(rest=self.admin, folder=self.workdir / "file-sd")
+        self.discovery = PodDiscovery(
+            rest=self.admin, folder=self.workdir / "file-sd", extra_pods=self.extra_pods
+        )
         for index, job in enumerate(prom["scrape_configs"]):
             sds = job.pop("kubernetes_sd_configs", [])
             if sds:
@@ -557,8 +564,8 @@ class Deployment:
         return None
 
     def wait_ready(self, timeout: float = 90.0) -> None:
-        """Exporters scraped on every GPU node, one remediator leading, the Alertmanager members
-        clustered."""
+        """Exporters scraped on every GPU node (and every extra exporter pod), one remediator leading,
+        the Alertmanager members clustered."""
 
         def ready() -> bool:
             for proc in self.processes:
@@ -569,7 +576,11 @@ class Deployment:
             except OSError:
                 return False
             endpoints = self.service.endpoints() if self.service else []
-            return len(up) == self.gpu_nodes and len(endpoints) == 1 and self.alertmanagers_clustered()
+            exporters = self.gpu_nodes + sum(
+                (p["metadata"].get("labels") or {}).get("app.kubernetes.io/name") == EXPORTER
+                for p in self.extra_pods
+            )
+            return len(up) == exporters and len(endpoints) == 1 and self.alertmanagers_clustered()
 
         try:
             wait_for("exporters scraped and a leading remediator", ready, timeout=timeout, interval=0.5)
