@@ -189,6 +189,11 @@ class Run:
     def sustained(self) -> bool:
         return not self.problems
 
+    @property
+    def scraped_all(self) -> bool:
+        """Every exporter target up throughout the window: its series and samples are the fleet's."""
+        return not self.down_in_window and all(v == self.nodes for v in self.up.values())
+
 
 def _loadavg() -> str:
     return Path("/proc/loadavg").read_text().strip()
@@ -481,10 +486,14 @@ FIGURES: dict[str, Callable[[Run], float]] = {
 
 def _extrapolate(runs: Sequence[Run], groups: Sequence[str]) -> None:
     at = "".join(f"{'N=' + str(n):>14}" for n in TARGETS)
-    print(f"\nextrapolation (least squares, baseline + per-node slope, over N = {[r.nodes for r in runs]}):")
+    complete = [r for r in runs if not r.nodes or r.scraped_all]
+    print(
+        "\nextrapolation (least squares, baseline + per-node slope, over the N whose targets were all up: "
+        f"{[r.nodes for r in complete]}):"
+    )
     print(f"  {'figure':40} {'baseline':>12} {'per node':>12}{at}")
     for name, get in FIGURES.items():
-        fit = _fit([(r.nodes, get(r)) for r in runs])
+        fit = _fit([(r.nodes, get(r)) for r in complete])
         if fit is None:
             print(f"  {name:40} (needs two N)")
             continue
@@ -494,7 +503,10 @@ def _extrapolate(runs: Sequence[Run], groups: Sequence[str]) -> None:
     if len({r.nodes for r in measured}) < 2:
         print("  rule groups: measure several N (--nodes 100 250 500, or --find-max) to extrapolate them")
         return
-    print("  rule-group evaluation seconds over the measured N > 0 (! : longer than the group's interval):")
+    print(
+        f"  rule-group evaluation seconds over every measured N > 0, {[r.nodes for r in measured]} "
+        "(! : longer than the group's interval):"
+    )
     for g in groups:
         interval = next(r.groups[g].interval for r in measured if g in r.groups)
         for what in ("median", "worst"):
