@@ -137,6 +137,8 @@ PRIMED_LIST_SECONDS = 5.0
 plans a drain, cordons, then starts it: well within this). Older ones are not used: the drain lists."""
 PRIMED_LISTS_KEPT = 64
 """At most this many such LISTs are kept (the oldest go first)."""
+WATCH_CLOSE_GRACE_SECONDS = 0.25
+"""How long `close` lets the TLS connections of watches it stopped finish closing (aiohttp's advice)."""
 
 
 @dataclass(frozen=True)
@@ -307,6 +309,8 @@ class KubernetesCluster:
         )
         """The watch-backed node cache; reads come from it once `start_cache()` synced it."""
         self._cache_task: asyncio.Task[None] | None = None
+        self._watched = False
+        """A watch of pods or PodDisruptionBudgets ran (see `close`)."""
         self.pod_watches: dict[str, SharedWatch] = {}
         """Node -> the watch of its pods, while a drain of it runs."""
         self.pdb_watches: dict[str, SharedWatch] = {}
@@ -378,7 +382,14 @@ class KubernetesCluster:
         return await self.nodes.wait_synced(wait_seconds)
 
     async def close(self) -> None:
-        """Stop the watches and close the HTTP connection pool."""
+        """Stop the watches and close the HTTP connection pool.
+
+        A watch stopped mid-stream gives its connection back unfinished, and the pool closes that
+        TLS connection on the spot, outside the set of connections its own close waits for. The
+        TLS shutdown needs the event loop for a moment more: without it, a loop that ends right
+        after this (a test, a command) leaves the socket to the garbage collector, which reports it
+        unclosed wherever it happens to run. So after watches, the close waits WATCH_CLOSE_GRACE."""
+        watched = self._watched or self._cache_task is not None
         if self._cache_task is not None:
             self._cache_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -389,6 +400,8 @@ class KubernetesCluster:
                 await shared.stop()
             table.clear()
         await self.api.close()  # type: ignore[no-untyped-call]  # untyped upstream
+        if watched:
+            await asyncio.sleep(WATCH_CLOSE_GRACE_SECONDS)
 
     # -- the request layer ---------------------------------------------------------------------
 
@@ -684,6 +697,7 @@ class KubernetesCluster:
         shared = table.get(key)
         if shared is None:
             shared = table[key] = SharedWatch(make())
+        self._watched = True
         shared.users += 1
         try:
             yield await shared.start(self._take_primed(primed))
