@@ -115,11 +115,15 @@ def print_checks(pipeline: Pipeline) -> None:
 def print_closed_loop() -> None:
     say()
     say("Closing the loop (acting for real on the cluster snapshot, in memory): the same fault on")
-    say("gpu-node-1 takes it out and drains it; it reboots; the default post-repair checks (remapped,")
-    say("power) run through the exporter's GET /checks; they pass and the node is back in the pool.")
+    say("gpu-node-1 takes it out; before the drain its evidence for the vendor (GPU serials and UUIDs,")
+    say("the Xid line) is fetched from the exporter's GET /evidence and stored; its drain starts; it")
+    say("reboots; the default post-repair checks (remapped, power) run through the exporter's")
+    say("GET /checks; they pass and the node is back in the pool.")
 
     def show(step: Step) -> None:
         say(f"  +{step.at:6.3f}s  {step.text}")
+        for line in step.detail.splitlines():
+            say(f"      | {line}".rstrip())
 
     asyncio.run(run_loop(show))
 

@@ -1,6 +1,7 @@
 """``accel-health-exporter``: serves /metrics (and its two halves, /metrics/fast and /metrics/slow,
-see :mod:`exporter.paths`) and /healthz for one node, and active checks on ``GET /checks`` (with
-``--checks``; see :mod:`exporter.checks`).
+see :mod:`exporter.paths`) and /healthz for one node, active checks on ``GET /checks`` (with
+``--checks``; see :mod:`exporter.checks`), and this boot's evidence on ``GET /evidence`` (fault lines,
+device identity, latest check results; see :mod:`exporter.evidence`) behind the checks' bearer token.
 
 Stops cleanly (exit 0) on SIGTERM or SIGINT. :func:`main`'s ``nvml_library`` and ``cuda_library`` stand
 in for the ``pynvml`` module and ``cuda.bindings.driver`` (the demo's simulated GPU node,
@@ -17,13 +18,15 @@ import os
 import shutil
 import signal
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from http import HTTPStatus
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from exporter.auth import BearerToken
 from exporter.collectors.framework import Source, SourcesCollector
+from exporter.evidence import EvidenceEndpoint, EvidenceSources, EvidenceStore, check_summary
 from exporter.exposition import CONTENT_TYPE, generate_text
 from exporter.metric import CollectorRegistry
 from exporter.paths import PathCollector
@@ -103,12 +106,15 @@ def _parser() -> argparse.ArgumentParser:
         "pciebw,gpumem,remapped,power,dcgm,ping,iperf, or all (default: none)",
     )
     checks.add_argument(
-        "--checks-token-file", type=Path, metavar="FILE", help="bearer token GET /checks requires"
+        "--checks-token-file",
+        type=Path,
+        metavar="FILE",
+        help="bearer token GET /checks and GET /evidence require (GET /evidence: with or without --checks)",
     )
     checks.add_argument(
         "--checks-insecure-no-auth",
         action="store_true",
-        help="serve GET /checks without a token (only for a loopback address)",
+        help="serve GET /checks and GET /evidence without a token (only for a loopback address)",
     )
     checks.add_argument(
         "--checks-schedule",
@@ -153,11 +159,30 @@ def make_handler(
     *,
     fast: CollectorRegistry | None = None,
     slow: CollectorRegistry | None = None,
+    evidence: EvidenceEndpoint | None = None,
 ) -> type[RequestHandler]:
     """An HTTP handler class serving ``registry`` on /metrics (``fast`` and ``slow`` on /metrics/fast
-    and /metrics/slow, when given), liveness on /healthz and, with ``checks``, active checks on
-    /checks."""
+    and /metrics/slow, when given), liveness on /healthz, with ``checks`` active checks on /checks and
+    with ``evidence`` this boot's evidence on /evidence."""
     registries = {"/metrics": registry, "/metrics/fast": fast, "/metrics/slow": slow}
+
+    def json_answer(path: str, request: Request) -> Response:
+        authorization = request.headers.get("authorization")
+        if path == "/evidence":
+            if evidence is None:
+                return Response(HTTPStatus.NOT_FOUND, b"no evidence on this exporter\n")
+            status, body = evidence.handle(request.query, authorization)
+        else:
+            if checks is None:
+                return Response(HTTPStatus.NOT_FOUND, b"no checks on this node (--checks)\n")
+            from exporter.checks.endpoint import encode  # noqa: PLC0415  loaded with the checks
+
+            status, answer = checks.handle(request.query, authorization)
+            body = encode(answer)
+        challenge = (("WWW-Authenticate", 'Bearer realm="accel-health"'),)
+        return Response(
+            status, body, "application/json", challenge if status == HTTPStatus.UNAUTHORIZED else ()
+        )
 
     class Handler(RequestHandler):
         def answer(self, request: Request) -> Response:
@@ -165,19 +190,8 @@ def make_handler(
             served = registries.get(path.rstrip("/") or path)
             if served is not None:
                 return Response(HTTPStatus.OK, generate_text(served), CONTENT_TYPE)
-            if path == "/checks":
-                if checks is None:
-                    return Response(HTTPStatus.NOT_FOUND, b"no checks on this node (--checks)\n")
-                from exporter.checks.endpoint import encode  # noqa: PLC0415  loaded with the checks
-
-                status, body = checks.handle(request.query, request.headers.get("authorization"))
-                challenge = (("WWW-Authenticate", 'Bearer realm="accel-health"'),)
-                return Response(
-                    status,
-                    encode(body),
-                    "application/json",
-                    challenge if status == HTTPStatus.UNAUTHORIZED else (),
-                )
+            if path in ("/checks", "/evidence"):
+                return json_answer(path, request)
             if path == "/healthz":
                 return Response(HTTPStatus.OK, b"ok\n")
             return Response(HTTPStatus.NOT_FOUND, b"not found\n")
@@ -203,12 +217,7 @@ def main(argv: Sequence[str] | None = None, *, nvml_library: Any = None, cuda_li
     )
     host, port = args.listen
 
-    store = (
-        None
-        if settings.state_dir is None
-        else KmsgStateStore(settings.state_dir, boot_id_path=settings.boot_id_path)
-    )
-    follower = KmsgFollower(settings.kmsg_path, state_store=store)
+    follower, evidence_store = _kernel_log(settings)
     nvml = (
         None if settings.nvml == "off" else PynvmlReader(timeout=settings.nvml_timeout, library=nvml_library)
     )
@@ -216,11 +225,12 @@ def main(argv: Sequence[str] | None = None, *, nvml_library: Any = None, cuda_li
         logger.error("--nvml=on but %s", reading.reason)
     try:
         built = _build_checks(args, nvml=nvml, nvml_library=nvml_library, cuda_library=cuda_library)
+        endpoint, scheduler = built if built is not None else (None, None)
+        evidence = _evidence_endpoint(args, settings, store=evidence_store, nvml=nvml, checks=endpoint)
     except (ValueError, OSError) as exc:
         logger.error("%s", exc)
         return 2
-    endpoint, scheduler = built if built is not None else (None, None)
-    handler = _handler(settings, follower, nvml, endpoint, scheduler)
+    handler = _handler(settings, follower, nvml, endpoint=endpoint, scheduler=scheduler, evidence=evidence)
     try:
         server = (IPv6Server if ":" in host else Server)((host, port), handler)
     except OSError as exc:
@@ -235,6 +245,8 @@ def main(argv: Sequence[str] | None = None, *, nvml_library: Any = None, cuda_li
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     follower.start()
+    if nvml is not None:  # the GPUs' identity, read once at start and kept (a lost GPU tells none)
+        threading.Thread(target=_remember_identity, args=(nvml, evidence_store), daemon=True).start()
     if scheduler is not None:
         scheduler.start()
     serving = threading.Thread(
@@ -252,6 +264,7 @@ def main(argv: Sequence[str] | None = None, *, nvml_library: Any = None, cuda_li
         if scheduler is not None:
             scheduler.stop()
         follower.stop(timeout=0.5)
+        evidence_store.save(force=True)
         if nvml is not None:
             nvml.close()
         for sig, restored in previous.items():
@@ -259,22 +272,95 @@ def main(argv: Sequence[str] | None = None, *, nvml_library: Any = None, cuda_li
     return 0
 
 
+def _kernel_log(settings: ExporterSettings) -> tuple[KmsgFollower, EvidenceStore]:
+    """The kernel-log follower, and the evidence store it hands each fault record; both resume this
+    boot's state from ``--state-dir``."""
+    store = (
+        None
+        if settings.state_dir is None
+        else KmsgStateStore(settings.state_dir, boot_id_path=settings.boot_id_path)
+    )
+    evidence = EvidenceStore(directory=settings.state_dir, boot_id_path=settings.boot_id_path)
+    evidence.load()
+    return KmsgFollower(settings.kmsg_path, state_store=store, sink=evidence), evidence
+
+
 def _handler(
     settings: ExporterSettings,
     follower: KmsgFollower,
     nvml: PynvmlReader | None,
+    *,
     endpoint: ChecksEndpoint | None,
     scheduler: Scheduler | None,
+    evidence: EvidenceEndpoint,
 ) -> type[RequestHandler]:
-    """The HTTP handler over the three scrape paths (see :mod:`exporter.paths`)."""
-    sources = build_sources(settings, kmsg=follower, nvml=nvml)
+    """The HTTP handler over the three scrape paths (see :mod:`exporter.paths`) and /evidence."""
+    store = evidence.store
+    sources = build_sources(settings, kmsg=follower, nvml=nvml, evidence=store)
     sources.extend([checks_source(endpoint.runner, scheduler)] if endpoint is not None else [])
-    brief = build_sources(settings, kmsg=follower, nvml=nvml, brief=True)
+    brief = build_sources(settings, kmsg=follower, nvml=nvml, brief=True, evidence=store)
     full, slow = CollectorRegistry(), CollectorRegistry()
     collector = SourcesCollector(sources)  # one, so a source going down is logged once
     full.register(collector)
     slow.register(PathCollector(collector, "slow"))
-    return make_handler(full, endpoint, fast=build_registry(brief, "fast"), slow=slow)
+    return make_handler(full, endpoint, fast=build_registry(brief, "fast"), slow=slow, evidence=evidence)
+
+
+def _evidence_endpoint(
+    args: argparse.Namespace,
+    settings: ExporterSettings,
+    *,
+    store: EvidenceStore,
+    nvml: PynvmlReader | None,
+    checks: ChecksEndpoint | None,
+) -> EvidenceEndpoint:
+    """GET /evidence over ``store``; ValueError for flags that contradict each other."""
+    sources = EvidenceSources(
+        sysfs_root=settings.sysfs_root,
+        nvml=nvml,
+        node=args.node_name,
+        checks=check_summaries(checks.runner) if checks is not None else None,
+    )
+    return EvidenceEndpoint(store, sources, _evidence_auth(args))
+
+
+def _evidence_auth(args: argparse.Namespace) -> BearerToken | None:
+    """GET /evidence takes the checks' token (with or without --checks); None: no token configured,
+    so /evidence is not served. ValueError for flags that contradict each other."""
+    if args.checks_token_file is not None and args.checks_insecure_no_auth:
+        raise ValueError("--checks-insecure-no-auth contradicts --checks-token-file")
+    if args.checks_token_file is not None:
+        return BearerToken(token_file=args.checks_token_file)
+    return BearerToken() if args.checks_insecure_no_auth else None
+
+
+def _remember_identity(nvml: PynvmlReader, store: EvidenceStore) -> None:
+    """Reads the GPUs' identity once (bounded by the NVML timeout) into the evidence store."""
+    identity = nvml.identity()
+    if identity.available:
+        store.remember_gpus(identity.gpus)
+        store.save(force=True)
+    else:
+        logger.info("evidence: no GPU identity from NVML: %s", identity.reason)
+
+
+def check_summaries(runner: CheckRunner) -> Callable[[], list[dict[str, object]]]:
+    """The latest result of each check, as the evidence document lists them."""
+
+    def latest() -> list[dict[str, object]]:
+        return [
+            check_summary(
+                check=result.check,
+                verdict=result.verdict,
+                message=result.message,
+                started=result.started,
+                duration=result.duration,
+                devices=result.to_json()["devices"],
+            )
+            for _name, result in sorted(runner.latest().items())
+        ]
+
+    return latest
 
 
 def checks_source(runner: CheckRunner, scheduler: Scheduler | None) -> Source:

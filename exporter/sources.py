@@ -23,8 +23,9 @@ from exporter.collectors.framework import (
 from exporter.collectors.infiniband import infiniband_metrics
 from exporter.collectors.kmsg import kmsg_metrics
 from exporter.collectors.neuron import neuron_metrics
-from exporter.collectors.nvml import nvml_metrics, nvml_xid_metrics
+from exporter.collectors.nvml import nvml_identity_metrics, nvml_metrics, nvml_xid_metrics
 from exporter.collectors.pci import pci_metrics
+from exporter.evidence import EvidenceStore
 from exporter.metric import CollectorRegistry, Metric
 from exporter.paths import FAST_INFINIBAND_COUNTERS, PathCollector, ScrapePath
 from exporter.readers.kmsg import BOOT_ID_PATH, KmsgFollower
@@ -99,13 +100,15 @@ def build_sources(
     kmsg: KmsgFollower | None,
     nvml: NvmlReader | None,
     brief: bool = False,
+    evidence: EvidenceStore | None = None,
 ) -> list[Source]:
     """The sources, in scrape order; ``kmsg``/``nvml`` None leaves that source out.
 
     The ``pci`` source runs first and reads the PCI bus once per scrape; the ``kmsg`` source labels
     its series with the GPU indices from that same read. ``brief`` sources (the fast path's, see
     :mod:`exporter.paths`) read only what that path serves: NVML's count, lost GPUs and row-remap
-    state, InfiniBand port state and the counters of :data:`FAST_INFINIBAND_COUNTERS`.
+    state, InfiniBand port state and the counters of :data:`FAST_INFINIBAND_COUNTERS`. ``evidence``
+    is handed every InfiniBand port reading (a ``link_downed`` increase is evidence).
     """
     root = settings.sysfs_root
     pci_state = _PciState()
@@ -123,6 +126,8 @@ def build_sources(
         ports = read_infiniband_ports(root, counters=FAST_INFINIBAND_COUNTERS if brief else None)
         if not ports:
             raise HardwareAbsentError(f"no InfiniBand ports under {root}/class/infiniband")
+        if evidence is not None:
+            evidence.observe_infiniband(ports)
         return infiniband_metrics(() if brief else read_infiniband_devices(root), ports)
 
     def collect_neuron() -> list[Metric]:
@@ -167,6 +172,8 @@ def build_sources(
             families = nvml_metrics(snapshot, bus_ids=bus_ids, uuids=uuids, per_link=settings.nvlink_per_link)
             if not xids.kmsg_published():
                 families.extend(nvml_xid_metrics(reader.xid_events()))
+            if not brief:  # identity is read once and kept: the info series costs no NVML call
+                families.extend(nvml_identity_metrics(reader.identity()))
             return families
 
         sources.append(Source("nvml", collect_nvml))

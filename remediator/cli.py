@@ -1,5 +1,5 @@
-"""`accel-health-remediator [serve] ...`, `accel-health-remediator explain ...` and
-`accel-health-remediator holds ...`."""
+"""`accel-health-remediator [serve] ...`, `accel-health-remediator explain ...`,
+`accel-health-remediator holds ...` and `accel-health-remediator evidence NODE ...`."""
 
 from __future__ import annotations
 
@@ -28,6 +28,16 @@ from remediator.alertmanager import (
 from remediator.app import ENGINE, MAX_BODY_BYTES, create_app
 from remediator.cluster import Aws, BackendUnavailable, Cluster, Node
 from remediator.engine import AlertPlan, Engine, EngineSettings
+from remediator.evidence import cli as evidence_cli
+from remediator.evidence.fetch import ExporterEvidence
+from remediator.evidence.store import (
+    ConfigMapEvidenceStore,
+    EvidenceRetention,
+    EvidenceStore,
+    MemoryEvidenceStore,
+    S3EvidenceStore,
+    s3_client,
+)
 from remediator.executors import kubernetes as executors_kubernetes
 from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings
 from remediator.executors.snapshot import AwsOff, RecordingAws, SnapshotCluster, SnapshotError
@@ -39,6 +49,7 @@ from remediator.policy import Policy, PolicyError, load_policy
 from remediator.repair import ExporterChecks, exporter_pod_endpoint, url_template_endpoint
 
 DEFAULT_LISTEN = "0.0.0.0:9836"
+DEFAULT_EVIDENCE_PREFIX = "accel-health/evidence"
 EXIT_USAGE = 2
 DEFAULT_LEASE_SECONDS = 15
 NODE_CACHE_WAIT_SECONDS = 60
@@ -205,7 +216,53 @@ def _serve_parser() -> argparse.ArgumentParser:
         metavar="NAME=VALUE",
         help="extra dimension on every metric, e.g. Cluster=prod-a (repeatable)",
     )
+    _evidence_flags(parser)
     return parser
+
+
+def _evidence_flags(parser: argparse.ArgumentParser) -> None:
+    evidence = parser.add_argument_group(
+        "evidence (the policy's `evidence` step: the node's evidence stored before anything disruptive; "
+        "in S3 with --evidence-bucket, else in immutable ConfigMaps in the remediator's namespace)"
+    )
+    evidence.add_argument("--evidence-bucket", help="S3 bucket for captures (default: ConfigMaps)")
+    evidence.add_argument(
+        "--evidence-prefix",
+        default=DEFAULT_EVIDENCE_PREFIX,
+        help=f"key prefix in the bucket (default {DEFAULT_EVIDENCE_PREFIX}); "
+        "keys are PREFIX/NODE/TIME-ALERT.json",
+    )
+    evidence.add_argument(
+        "--evidence-url",
+        metavar="TEMPLATE",
+        help="URL of a node's evidence, {node} replaced by the node name (default: the exporter pod on "
+        "the node, http://<pod IP>:9835/evidence)",
+    )
+    evidence.add_argument(
+        "--evidence-token-file",
+        type=Path,
+        help="bearer token of the exporters' GET /evidence (default: --repair-checks-token-file, the "
+        "checks token), read at every capture",
+    )
+    evidence.add_argument(
+        "--evidence-keep-per-node",
+        type=int,
+        default=EvidenceRetention.per_node,
+        help=f"ConfigMaps: newest captures kept per node (default {EvidenceRetention.per_node})",
+    )
+    evidence.add_argument(
+        "--evidence-keep-total",
+        type=int,
+        default=EvidenceRetention.total,
+        help=f"ConfigMaps: newest captures kept in all (default {EvidenceRetention.total})",
+    )
+    evidence.add_argument(
+        "--evidence-retention-days",
+        type=float,
+        default=EvidenceRetention.max_age_seconds / 86400,
+        help="ConfigMaps: captures older than this are deleted (default 30); in S3 the bucket's "
+        "lifecycle rules decide",
+    )
 
 
 def _holds_parser() -> argparse.ArgumentParser:
@@ -356,6 +413,46 @@ def _alertmanager(args: argparse.Namespace) -> AlertmanagerSettings | None:
     )
 
 
+def _evidence_retention(args: argparse.Namespace) -> EvidenceRetention:
+    try:
+        return EvidenceRetention(
+            per_node=args.evidence_keep_per_node,
+            total=args.evidence_keep_total,
+            max_age_seconds=args.evidence_retention_days * 86400,
+        )
+    except ValueError as exc:
+        raise UsageError(
+            f"--evidence-keep-per-node/--evidence-keep-total/--evidence-retention-days: {exc}"
+        ) from exc
+
+
+def _evidence_store(
+    args: argparse.Namespace, cluster: Cluster, *, leading: Callable[[], bool]
+) -> EvidenceStore:
+    """S3 with --evidence-bucket; else ConfigMaps in the remediator's namespace on a real cluster, or
+    this process's memory on a cluster snapshot."""
+    retention = _evidence_retention(args)
+    if args.evidence_bucket:
+        try:
+            return S3EvidenceStore(
+                bucket=args.evidence_bucket,
+                prefix=args.evidence_prefix,
+                client=s3_client(region=args.aws_region, endpoint_url=args.aws_endpoint_url),
+            )
+        except ValueError as exc:
+            raise UsageError(f"--evidence-bucket: {exc}") from exc
+    if isinstance(cluster, KubernetesCluster):
+        return ConfigMapEvidenceStore(
+            core=k8s.CoreV1Api(cluster.api),
+            namespace=cluster.settings.state_namespace,
+            retention=retention,
+            manager=cluster.settings.manager,
+            should_act=leading,
+            clock=time.time,
+        )
+    return MemoryEvidenceStore(per_node=retention.per_node)
+
+
 def _lease_namespace(args: argparse.Namespace) -> str:
     if args.leader_election_namespace:
         return str(args.leader_election_namespace)
@@ -378,14 +475,23 @@ def _service_app(
     leading: Callable[[], bool] = lambda: True,
 ) -> web.Application:
     """The engine over ``cluster`` and its aiohttp service, with the intake settings, --paused, the
-    Alertmanager poller (reading only while `leading()` and the gate state is read) and the repair
-    loop (on the leader only)."""
+    Alertmanager poller (reading only while `leading()` and the gate state is read), the evidence
+    fetcher and store, and the repair loop (on the leader only)."""
     engine = Engine(
         policy=policy,
         cluster=cluster,
         aws=_aws(args, acts=not args.dry_run and not isinstance(cluster, SnapshotCluster)),
         settings=EngineSettings(dry_run=args.dry_run, node_label=args.node_label),
         clock=time.time,
+        evidence_fetcher=ExporterEvidence(
+            endpoint=(
+                url_template_endpoint(args.evidence_url)
+                if args.evidence_url
+                else exporter_pod_endpoint(cluster, path="/evidence")
+            ),
+            token_file=args.evidence_token_file or args.repair_checks_token_file,
+        ),
+        evidence_store=_evidence_store(args, cluster, leading=leading),
     )
     am_settings = _alertmanager(args)
     poller = None
@@ -630,6 +736,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return explain(args[1:], out=sys.stdout)
         if args and args[0] == "holds":
             return holds(args[1:], out=sys.stdout)
+        if args and args[0] == "evidence":
+            return evidence_cli.main(args[1:], out=sys.stdout, prog="accel-health-remediator evidence")
         if args and args[0] == "serve":
             args = args[1:]
         return serve(args)

@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 from remediator.alertmanager import PollCounters
 from remediator.audit import DecisionRecord
 from remediator.engine import GateStatus
+from remediator.engine.evidence import CAPTURE_OUTCOMES
 
 DEFERRING_GATES = ("pause", "breaker", "order", "rate_limit", "budget", "unavailable")
 
@@ -123,7 +124,8 @@ class _PollCollector(Collector):
 
 
 class RemediatorMetrics:
-    """accel_remediator_actions_total, accel_remediator_webhooks_total and the gate gauges."""
+    """accel_remediator_actions_total, accel_remediator_webhooks_total,
+    accel_remediator_evidence_captures_total and the gate gauges."""
 
     def __init__(self, *, status: Callable[[], GateStatus]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -140,6 +142,16 @@ class RemediatorMetrics:
             ["code"],
             registry=self.registry,
         )
+        self.evidence = Counter(
+            "accel_remediator_evidence_captures",
+            "Evidence captures (the policy's `evidence` step) by outcome: captured (stored with the "
+            "node's evidence), fetch_failed (stored without it: the exporter did not answer), "
+            "store_failed (nothing stored).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        for outcome in CAPTURE_OUTCOMES:
+            self.evidence.labels(outcome)
         self.registry.register(_GateCollector(status))
 
     def track_alertmanager(self, counters: PollCounters) -> None:
@@ -148,6 +160,9 @@ class RemediatorMetrics:
 
     def observe(self, record: DecisionRecord) -> None:
         self.actions.labels(record.action, record.outcome, str(record.dry_run).lower()).inc()
+        capture = record.details.get("capture")
+        if record.action == "evidence" and not record.dry_run and capture in CAPTURE_OUTCOMES:
+            self.evidence.labels(capture).inc()
 
     def webhook_answered(self, code: int) -> None:
         self.webhooks.labels(str(code)).inc()

@@ -215,6 +215,19 @@ class AwsReboot:
 
 
 @dataclass(frozen=True)
+class CaptureEvidence:
+    """Capture the node's evidence before anything disruptive: the exporter's bundle (`GET /evidence`:
+    device identity, the fault's own kernel-log lines, the latest checks) with what this service knows
+    (the alerts, its decisions, a timeline), stored once per alert episode (S3 or a ConfigMap, see
+    remediator/evidence/). A capture that fails is recorded and the next step runs anyway."""
+
+    type: ClassVar[str] = "evidence"
+    timeout_seconds: int = 10
+    """Deadline for the fetch and the store together, seconds (1 to 120): the remediation never waits
+    longer than this for its evidence."""
+
+
+@dataclass(frozen=True)
 class CloudWatchMetric:
     """Put one CloudWatch data point about the fault."""
 
@@ -235,6 +248,7 @@ Action = (
     | RecordEvent
     | AwsSetUnhealthy
     | AwsReboot
+    | CaptureEvidence
     | CloudWatchMetric
 )
 
@@ -250,6 +264,7 @@ ACTION_TYPES: dict[str, type[Action]] = {
         RecordEvent,
         AwsSetUnhealthy,
         AwsReboot,
+        CaptureEvidence,
         CloudWatchMetric,
     )
 }
@@ -399,7 +414,11 @@ _ACTION_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     },
     "condition": {"condition_type": str, "status": str},
     "cloudwatch_metric": {"namespace": str, "metric_name": str},
+    "evidence": {"timeout_seconds": int},
 }
+EVIDENCE_TIMEOUT_RANGE = (1, 120)
+"""The evidence step's deadline, seconds: at least 1 (a fetch needs a round trip), at most 120 (the
+remediation waits this long at most)."""
 
 
 def _value_problem(key: str, value: Any, where: str) -> str | None:
@@ -444,6 +463,13 @@ def _parse_action(raw: Any, where: str, problems: list[str]) -> Action | None:
             ok = False
         else:
             kwargs[key] = value
+    low, high = EVIDENCE_TIMEOUT_RANGE
+    if kind == "evidence" and not low <= kwargs.get("timeout_seconds", low) <= high:
+        problems.append(
+            f"{where}.timeout_seconds: the evidence deadline must be {low} to {high} seconds, "
+            f"got {kwargs['timeout_seconds']}"
+        )
+        ok = False
     if kind == "taint" and "key" in kwargs and not kwargs["key"]:
         problems.append(f"{where}.key: must not be empty")
         ok = False

@@ -176,15 +176,20 @@ class ExporterChecks:
 
 
 def exporter_pod_endpoint(
-    cluster: Cluster, *, label: str = "app.kubernetes.io/name=accel-health-exporter", port: int = 9835
+    cluster: Cluster,
+    *,
+    label: str = "app.kubernetes.io/name=accel-health-exporter",
+    port: int = 9835,
+    path: str = "/checks",
 ) -> Callable[[str], Awaitable[str | None]]:
-    """node -> `http://<exporter pod IP>:<port>/checks`, from the pods bound to the node."""
+    """node -> `http://<exporter pod IP>:<port><path>` (`/checks`, `/evidence`), from the pods bound
+    to the node."""
     key, _, value = label.partition("=")
 
     async def endpoint(node: str) -> str | None:
         for pod in await cluster.list_pods(node):
             if pod.labels.get(key) == value and pod.phase == "Running" and pod.ip:
-                return f"http://{pod.ip}:{port}/checks"
+                return f"http://{pod.ip}:{port}{path}"
         return None
 
     return endpoint

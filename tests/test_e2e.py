@@ -190,6 +190,12 @@ def test_make_demo_prints_the_timeline_and_the_dry_run_decision(tmp_path: Path) 
     assert "DaemonSet" in out
     assert "Xid 13" in out
     assert "no alert fired" in out
+    # The closed loop shows gpu-node-1's evidence report, captured before the reboot.
+    report = out.index("Evidence for node gpu-node-1")
+    assert report < out.index("reboot    (in the snapshot)")
+    evidence = out[report : out.index("reboot    (in the snapshot)")]
+    assert "NVRM: Xid (PCI:0000:9d:00): 79, pid='<unknown>'" in evidence
+    assert "1654923000004  GPU-575a9c5f-780e-558f-99bc-3b0f90f7dbd5" in evidence
     assert processes_of(marker) == []
     assert list((tmp_path / "tmp").iterdir()) == []
 

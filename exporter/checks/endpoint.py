@@ -17,7 +17,6 @@ which loads other nodes too; name it to run it.
 
 from __future__ import annotations
 
-import hmac
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from http import HTTPStatus
 from pathlib import Path
 from urllib.parse import parse_qs
 
+from exporter.auth import BearerToken
 from exporter.checks.base import CheckInputError, worst
 from exporter.checks.runner import CheckRunner
 
@@ -41,32 +41,20 @@ class ChecksEndpoint:
     token_file: Path | None = None
     """Where the token is read from on every request (``--checks-token-file``); overrides ``token``."""
 
+    def _auth(self) -> BearerToken:
+        return BearerToken(token=self.token, token_file=self.token_file)
+
     def expected_token(self) -> str | None:
         """The token requests must carry now; "" while the token file is missing or empty."""
-        if self.token_file is None:
-            return self.token
-        try:
-            return self.token_file.read_text(encoding="utf-8").strip()
-        except OSError:
-            return ""
+        return self._auth().expected()
 
     def authorised(self, header: str | None, expected: str | None = None) -> bool:
-        expected = self.expected_token() if expected is None else expected
-        if expected is None:
-            return True
-        scheme, _, given = (header or "").partition(" ")
-        if scheme.lower() != "bearer" or not expected:
-            return False
-        return hmac.compare_digest(given.strip().encode(), expected.encode())
+        return self._auth().authorised(header, expected)
 
     def handle(self, query: str, authorization: str | None) -> tuple[HTTPStatus, dict[str, object]]:
-        expected = self.expected_token()
-        if expected == "":
-            return HTTPStatus.SERVICE_UNAVAILABLE, {
-                "error": f"on-demand checks are off until {self.token_file} holds a token"
-            }
-        if not self.authorised(authorization, expected):
-            return HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"}
+        refused = self._auth().refusal(authorization, what="on-demand checks are off")
+        if refused is not None:
+            return refused[0], {"error": refused[1]}
         try:
             fields = parse_qs(query, keep_blank_values=True, strict_parsing=bool(query), max_num_fields=50)
         except ValueError as exc:

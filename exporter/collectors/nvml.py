@@ -21,7 +21,14 @@ from typing import ClassVar, NamedTuple
 from exporter.collectors.framework import SourceUnavailableError
 from exporter.exposition import Family, FamilySpec, Row
 from exporter.metric import Metric
-from exporter.readers.nvml import NVLINK_ERROR_NAMES, NvLink, NvmlGpuHealth, NvmlSnapshot, NvmlXidCounts
+from exporter.readers.nvml import (
+    NVLINK_ERROR_NAMES,
+    NvLink,
+    NvmlGpuHealth,
+    NvmlIdentity,
+    NvmlSnapshot,
+    NvmlXidCounts,
+)
 
 GPU_LABELS = ("gpu", "uuid", "pci_bus_id", "model")
 
@@ -320,4 +327,46 @@ def nvml_xid_metrics(xids: NvmlXidCounts) -> list[Metric]:
     for (pci_bus_id, xid), count in sorted(xids.counts.items()):
         index = xids.gpu_indices.get(pci_bus_id)
         family.add((pci_bus_id, "" if index is None else str(index), str(xid)), count)
+    return [family]
+
+
+IDENTITY = FamilySpec(
+    "accel_gpu_identity_info",
+    "1 for each GPU with what names it to its vendor (NVML, read at start and on GET /evidence?refresh=1; "
+    "a label is empty where NVML does not tell it).",
+    "gauge",
+    (
+        "gpu",
+        "pci_bus_id",
+        "uuid",
+        "serial",
+        "board_part_number",
+        "vbios_version",
+        "inforom_image_version",
+        "driver_version",
+    ),
+)
+"""On the slow path (not in :data:`exporter.paths.FAST`): identity does not change between scrapes."""
+
+
+def nvml_identity_metrics(identity: NvmlIdentity) -> list[Metric]:
+    """``accel_gpu_identity_info``; nothing while NVML is unavailable."""
+    if not identity.available:
+        return []
+    family = IDENTITY.family()
+    driver = identity.driver_version or ""
+    for gpu in identity.gpus:
+        family.add(
+            (
+                str(gpu.index),
+                gpu.pci_bus_id,
+                gpu.uuid or "",
+                gpu.serial or "",
+                gpu.board_part_number or "",
+                gpu.vbios_version or "",
+                gpu.inforom_image_version or "",
+                driver,
+            ),
+            1,
+        )
     return [family]

@@ -49,7 +49,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TypeVar
+from typing import Literal, Protocol, TypeVar
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +78,60 @@ _FELL_OFF_LINE = re.compile(
 """One line without an Xid: ``NVRM: GPU at 0000:01:00.0 has fallen off the bus.`` (older drivers) and
 ``NVRM: GPU 0000:01:00.0: GPU has fallen off the bus.`` (current ones, after their Xid 79)."""
 _CAUSED_BY = re.compile(r"caused by previous Xid (\d+)")
+_AER_FATAL = re.compile(r"AER: .*\(Fatal\)|PCIe Bus Error: severity=Uncorrect\w* \(Fatal\)")
+"""A fatal AER line of the kernel's PCIe AER driver: ``pcieport 0000:00:03.0: AER: Uncorrected (Fatal)
+error received: 0000:91:00.0`` (``Uncorrectable (Fatal) error message received from ...`` in newer
+kernels) and ``nvidia 0000:91:00.0: AER: PCIe Bus Error: severity=Uncorrected (Fatal), type=...``."""
+_AER_SOURCE = re.compile(r"received(?: from)?:? (?P<pci>" + _PCI + r")")
+_PCI_ANYWHERE = re.compile(r"\b(?P<pci>" + _PCI + r")\b")
+_DMESG_TIMESTAMP = re.compile(r"\[\s*(?P<s>\d+)\.(?P<frac>\d{1,6})\]")
+FATAL_MARK = "(Fatal)"
+"""The substring every fatal AER line holds (looked for only where a :class:`FaultSink` listens)."""
+
+FaultKind = Literal["xid", "sxid", "fall_off", "neuron_hw", "aer_fatal", "ib_link_down"]
+"""What a fault record reports; each kind raises a counter a shipped critical or warning rule reads."""
+
+
+class FaultSink(Protocol):
+    """Receives every fault record the tally counts (and fatal AER lines), with its raw line: the
+    evidence store (:mod:`exporter.evidence`). Called with the follower's lock held: must not block."""
+
+    def fault(
+        self,
+        kind: FaultKind,
+        device: str,
+        code: str | None,
+        *,
+        seq: int | None,
+        timestamp_us: int | None,
+        line: str,
+    ) -> None: ...
+
+    def flush(self) -> None:
+        """Makes what was received durable; called just before the tally's own state is written."""
+        ...
+
+
+def parse_aer_fatal(message: str) -> str | None:
+    """The normalised PCI address a fatal AER line names (the reported device, else the reporting
+    one; "" when it names none), or None when ``message`` is no fatal AER line. Pure, never raises."""
+    if FATAL_MARK not in message or _AER_FATAL.search(message) is None:
+        return None
+    match = _AER_SOURCE.search(message) or _PCI_ANYWHERE.search(message)
+    if match is None:
+        return ""
+    try:
+        return normalise_pci_bus_id(match.group("pci"))
+    except ValueError:
+        return ""
+
+
+def dmesg_timestamp_us(message: str) -> int | None:
+    """Microseconds since boot from a plain-text line's ``[ 123.456789]`` stamp; None without one."""
+    match = _DMESG_TIMESTAMP.search(message, 0, 120)
+    if match is None:
+        return None
+    return int(match.group("s")) * 1_000_000 + int(match.group("frac").ljust(6, "0"))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -375,10 +429,10 @@ _KEYWORDS = ("NVRM", "SXid", "NEURON_HW_ERR")
 """Substrings every line of interest holds; nothing else is parsed."""
 
 
-def _keyword_line_starts(text: str) -> list[int]:
+def _keyword_line_starts(text: str, keywords: tuple[str, ...] = _KEYWORDS) -> list[int]:
     """Start offsets, in order, of the lines in ``text`` holding one of the keywords."""
     starts: set[int] = set()
-    for keyword in _KEYWORDS:
+    for keyword in keywords:
         found = text.find(keyword)
         while found >= 0:
             line_start = text.rfind("\n", 0, found) + 1
@@ -405,6 +459,8 @@ class KmsgTally:
         self._fallen: set[str] = set()
         """GPUs whose fall-off was counted and that the driver has not named again since."""
         self._uuids: dict[str, str] = {}
+        self.sink: FaultSink | None = None
+        """Where each counted fault record goes with its raw line (the evidence store); None: nowhere."""
 
     def add_lines(self, lines: Iterable[str]) -> None:
         """Adds records one line at a time; lines starting with a space continue the previous record."""
@@ -430,7 +486,9 @@ class KmsgTally:
                 continue  # a plain line can't be placed; it follows a record already counted
             records += 1
             if "NVRM" in message or "SXid" in message or "NEURON_HW_ERR" in message:
-                self._apply(self._decoder.feed(message), fields)
+                self._apply(self._decoder.feed(message), fields, message)
+            elif self.sink is not None and FATAL_MARK in message:
+                self._aer(fields, message)
         self.records += records
         self.missed += missed
         self._last_seq = last_seq
@@ -463,18 +521,43 @@ class KmsgTally:
         self.missed += gap_before + (last_seq - first_seq + 1 - records)
         self.records += records
         self._last_seq = last_seq
-        for start in _keyword_line_starts(text):
+        keywords = _KEYWORDS if self.sink is None else (*_KEYWORDS, FATAL_MARK)
+        for start in _keyword_line_starts(text, keywords):
             end = text.find("\n", start)
             line = text[start:] if end < 0 else text[start:end]
             if line[:1] != " ":
                 fields, message = _split_prefix(line)
-                self._apply(self._decoder.feed(message), fields)
+                if "NVRM" in message or "SXid" in message or "NEURON_HW_ERR" in message:
+                    self._apply(self._decoder.feed(message), fields, message)
+                elif self.sink is not None:
+                    self._aer(fields, message)
 
     def add_missed(self, count: int) -> None:
         """Records lost without a sequence number to show it."""
         self.missed += count
 
-    def _apply(self, event: KmsgEvent | None, fields: list[str] | None) -> None:
+    def _witness(
+        self, kind: FaultKind, device: str, code: str | None, fields: list[str] | None, message: str
+    ) -> None:
+        """Hands one counted record to the sink, if any, with its sequence number and timestamp."""
+        sink = self.sink
+        if sink is None:
+            return
+        seq: int | None = None
+        timestamp_us: int | None
+        if fields is not None:
+            seq, timestamp_us = int(fields[1]), int(fields[2])
+        else:
+            timestamp_us = dmesg_timestamp_us(message)
+        sink.fault(kind, device, code, seq=seq, timestamp_us=timestamp_us, line=message)
+
+    def _aer(self, fields: list[str] | None, message: str) -> None:
+        """A fatal AER line goes to the sink (the sysfs AER counters count it, not the kernel log)."""
+        device = parse_aer_fatal(message)
+        if device is not None:
+            self._witness("aer_fatal", device, None, fields, message)
+
+    def _apply(self, event: KmsgEvent | None, fields: list[str] | None, message: str = "") -> None:
         """Counts one record's event; ``fields`` is the record's prefix (None for plain text)."""
         match event:
             case XidEvent(pci_bus_id=pci, xid=xid, gpu_instance=gi, compute_instance=ci):
@@ -482,16 +565,20 @@ class KmsgTally:
                 if key not in self._xid:
                     _note_writer(fields, f"Xid {xid} for {pci}")
                 _bump(self._xid, key)
+                self._witness("xid", pci, str(xid), fields, message)
             case SxidEvent(pci_bus_id=pci, sxid=sxid):
                 if (pci, sxid) not in self._sxid:
                     _note_writer(fields, f"SXid {sxid} for {pci}")
                 _bump(self._sxid, (pci, sxid))
+                self._witness("sxid", pci, str(sxid), fields, message)
             case NeuronHwErrorEvent(neuron_device=device, error=error):
                 _bump(self._neuron, (device, error))
+                self._witness("neuron_hw", device, error, fields, message)
             case FallenOffBusEvent(pci_bus_id=pci):
                 if pci not in self._fallen:  # later lines about the same fall-off add nothing
                     self._fallen.add(pci)
                     _bump(self._fell_off, pci)
+                    self._witness("fall_off", pci, None, fields, message)
             case GpuUuidEvent(pci_bus_id=pci, uuid=uuid):
                 self._uuids[pci] = uuid
                 self._fallen.discard(pci)  # the driver names it again: a new fall-off counts anew
@@ -564,6 +651,16 @@ BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 STATE_FILE_NAME = "kmsg-state.json"
 
 
+def read_boot_id(path: Path = BOOT_ID_PATH) -> str | None:
+    """The current boot's id (``/proc/sys/kernel/random/boot_id``); None (logged) when unreadable."""
+    try:
+        text = path.read_text().strip()
+    except OSError as exc:
+        logger.warning("kmsg: cannot read the boot id from %s: %s", path, exc.strerror or exc)
+        return None
+    return text or None
+
+
 class KmsgStateStore:
     """Keeps a tally in ``<directory>/kmsg-state.json``, tagged with the boot it belongs to.
 
@@ -580,14 +677,7 @@ class KmsgStateStore:
         """The boot id read by :meth:`load` (a boot cannot change under a running process)."""
 
     def boot_id(self) -> str | None:
-        try:
-            text = self.boot_id_path.read_text().strip()
-        except OSError as exc:
-            logger.warning(
-                "kmsg: cannot read the boot id from %s: %s", self.boot_id_path, exc.strerror or exc
-            )
-            return None
-        return text or None
+        return read_boot_id(self.boot_id_path)
 
     def _current_boot(self) -> str | None:
         if self._boot is None:
@@ -663,6 +753,7 @@ class KmsgFollower:
         path: Path,
         *,
         state_store: KmsgStateStore | None = None,
+        sink: FaultSink | None = None,
         save_interval: float = 1.0,
         poll_interval: float = 0.05,
         retry_interval: float = 5.0,
@@ -670,6 +761,9 @@ class KmsgFollower:
         self.path = path
         self.state_store = state_store
         """Where the counts are kept across restarts in the same boot; None keeps them in memory only."""
+        self.sink = sink
+        """Receives every counted fault record with its line (the evidence store); flushed before each
+        state write, so saved evidence never lags the saved counts."""
         self.save_interval = save_interval
         """Seconds between state writes while records arrive (and once more on stop)."""
         self.poll_interval = poll_interval
@@ -678,6 +772,7 @@ class KmsgFollower:
         """Seconds between attempts to open a path that cannot be opened."""
         self._lock = threading.Lock()
         self._tally = KmsgTally()
+        self._tally.sink = sink
         self._saved_progress: tuple[int, int] | None = None
         self._saved_at = 0.0
         self._error: str | None = "not read yet"
@@ -688,6 +783,7 @@ class KmsgFollower:
         if self.state_store is not None:
             restored = self.state_store.load()
             if restored is not None:
+                restored.sink = self.sink
                 with self._lock:
                     self._tally = restored
                     self._saved_progress = (restored.records, restored.missed)
@@ -712,6 +808,8 @@ class KmsgFollower:
             if not force and now - self._saved_at < self.save_interval:
                 return
             state = self._tally.to_state()
+        if self.sink is not None:
+            self.sink.flush()  # first: saved evidence may run ahead of the saved counts, never behind
         if self.state_store.save(state):
             self._saved_progress, self._saved_at = progress, now
 

@@ -299,6 +299,48 @@ class NvmlXidCounts:
     """Why events are not (or not yet) being watched; None while they are."""
 
 
+@dataclass(frozen=True)
+class GpuIdentity:
+    """What names one GPU to its vendor (an RMA) and to people; a field is None where NVML does not
+    tell it (the call failed or is unsupported, or the GPU is lost)."""
+
+    index: int
+    """NVML index (PCI bus order)."""
+    pci_bus_id: str = ""
+    """Normalised ``0000:91:00``; empty when unknown."""
+    uuid: str | None = None
+    """``GPU-<uuid>`` (``nvmlDeviceGetUUID``)."""
+    serial: str | None = None
+    """The board's serial number (``nvmlDeviceGetSerial``), what an RMA names."""
+    board_part_number: str | None = None
+    """``nvmlDeviceGetBoardPartNumber``, e.g. ``692-2G520-0200-000``."""
+    vbios_version: str | None = None
+    """``nvmlDeviceGetVbiosVersion``, e.g. ``96.00.74.00.01``."""
+    inforom_image_version: str | None = None
+    """``nvmlDeviceGetInforomImageVersion``, e.g. ``G520.0200.00.05``."""
+    name: str | None = None
+    """``nvmlDeviceGetName``, e.g. ``NVIDIA H100 80GB HBM3``."""
+    pci_device_id: str | None = None
+    """``0x233010DE``: device id << 16 | vendor id, as nvidia-smi prints it."""
+    pci_subsystem_id: str | None = None
+    """``0x16C110DE``: subsystem device id << 16 | subsystem vendor id."""
+
+
+@dataclass(frozen=True)
+class NvmlIdentity:
+    """The driver's and every GPU's identity, read rarely (:meth:`NvmlReader.identity`)."""
+
+    available: bool
+    """False when NVML cannot be used at all; nothing else is then known."""
+    reason: str = ""
+    """Why NVML is unavailable; empty when it is available."""
+    driver_version: str | None = None
+    """``nvmlSystemGetDriverVersion``, e.g. ``535.129.03``."""
+    cuda_driver_version: str | None = None
+    """``nvmlSystemGetCudaDriverVersion`` as ``12.2``."""
+    gpus: tuple[GpuIdentity, ...] = ()
+
+
 class NvmlReader(Protocol):
     """What the NVML source needs; production uses :class:`PynvmlReader`."""
 
@@ -308,6 +350,11 @@ class NvmlReader(Protocol):
         ...
 
     def xid_events(self) -> NvmlXidCounts: ...
+
+    def identity(self, *, refresh: bool = False) -> NvmlIdentity:
+        """The driver's and the GPUs' identity: read on first use and when ``refresh`` asks, else the
+        last read's (identity does not change while the driver stays loaded)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -1025,6 +1072,40 @@ class _XidWatcher:
 # -- the reader ---------------------------------------------------------------------------------------
 
 
+_IDENTITY_CALLS = (
+    ("uuid", "nvmlDeviceGetUUID"),
+    ("serial", "nvmlDeviceGetSerial"),
+    ("board_part_number", "nvmlDeviceGetBoardPartNumber"),
+    ("vbios_version", "nvmlDeviceGetVbiosVersion"),
+    ("inforom_image_version", "nvmlDeviceGetInforomImageVersion"),
+    ("name", "nvmlDeviceGetName"),
+)
+""":class:`GpuIdentity` field -> the NVML call that tells it (each takes the device handle alone)."""
+
+
+_IdentityRead = tuple[NvmlIdentity, Mapping[tuple[str, str], int]]
+"""What an identity job hands back: the identity, and (call, error) -> failures."""
+
+
+def _optional_text(value: object) -> str | None:
+    """NVML's string (``bytes`` in older pynvml) stripped; None for None or an empty string."""
+    if value is None:
+        return None
+    return _text(value).strip() or None
+
+
+def _pci_id(value: object) -> str | None:
+    return f"0x{value:08X}" if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _bus_id_of(calls: _Calls, info: Any) -> str:
+    try:
+        return normalise_pci_bus_id(_text(info.busId))
+    except (AttributeError, ValueError):
+        calls.count("nvmlDeviceGetPciInfo", "invalid_bus_id")
+        return ""
+
+
 def _library_missing() -> str | None:
     """Why the driver's NVML library cannot be loaded; None when it can.
 
@@ -1080,6 +1161,88 @@ class PynvmlReader:
         self._errors: dict[tuple[str, str], int] = {}
         self._watch_lock = threading.Lock()
         self._watcher: _XidWatcher | None = None
+        self._identity_lock = threading.Lock()
+        self._identity_lane = _Lane("nvml-identity")
+        """Identity calls run here, so one that hangs holds up no health read."""
+        self._identity: NvmlIdentity | None = None
+
+    def identity(self, *, refresh: bool = False) -> NvmlIdentity:
+        with self._identity_lock:
+            if self._identity is not None and self._identity.available and not refresh:
+                return self._identity
+            outcome = self._fresh_identity(time.monotonic() + self.timeout)
+            if isinstance(outcome, str):
+                return self._identity_or(outcome)
+            self._identity = outcome
+            return outcome
+
+    def _identity_count(self, deadline: float) -> int | str:
+        """GPU count for an identity read, initialising NVML if needed; or why NVML is unavailable."""
+        with self._read_lock:
+            if self._nvml is None and self._library is None and (missing := _library_missing()):
+                return missing
+            return self._enumerate(deadline)
+
+    def _fresh_identity(self, deadline: float) -> NvmlIdentity | str:
+        """The identity read now, on the identity lane, by ``deadline``; or why it could not be."""
+        count = self._identity_count(deadline)
+        if isinstance(count, str):
+            return count
+        if (busy := self._identity_lane.busy()) is not None:
+            return f"{busy.call} has not returned for {time.monotonic() - busy.call_started:.0f} s"
+        try:
+            job: _Job[_IdentityRead] = self._identity_lane.submit(
+                _Job(functools.partial(self._read_identity, count=count))
+            )
+        except RuntimeError as exc:  # a limit on threads (pids cgroup)
+            return f"cannot start a thread for NVML: {exc}"
+        if not job.done.wait(max(0.0, deadline - time.monotonic())):
+            with self._read_lock:
+                self._timed_out(job.call, "identity")
+            return f"{job.call} did not return within {self.timeout:g} s"
+        if job.error is not None or job.result is None:
+            logger.error("nvml: reading the GPUs' identity failed", exc_info=job.error)
+            return f"reading the identity failed: {job.error!r}"
+        identity, errors = job.result
+        with self._read_lock:
+            self._count_errors(errors)
+        return identity
+
+    def _identity_or(self, reason: str) -> NvmlIdentity:
+        """The last identity read, or an unavailable one saying ``reason``."""
+        if self._identity is not None and self._identity.available:
+            return self._identity
+        return NvmlIdentity(available=False, reason=reason)
+
+    def _read_identity(self, job: _Job[_IdentityRead], *, count: int) -> _IdentityRead:
+        """Runs on the identity lane: the driver's versions, then each GPU's identity fields."""
+        nvml = self._nvml
+        calls = _Calls(nvml, job)
+        driver = _optional_text(calls.get("nvmlSystemGetDriverVersion"))
+        cuda = calls.get("nvmlSystemGetCudaDriverVersion")
+        cuda_version = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}" if isinstance(cuda, int) else None
+        gpus: list[GpuIdentity] = []
+        for index in range(count):
+            known = self._known.get(index, _Identity())
+            fields: dict[str, str | None] = {}
+            pci_bus_id = known.pci_bus_id
+            try:
+                handle = known.handle or calls.get("nvmlDeviceGetHandleByIndex", index)
+                if handle is not None:
+                    for name, call in _IDENTITY_CALLS:
+                        fields[name] = _optional_text(calls.get(call, handle))
+                    info = calls.get("nvmlDeviceGetPciInfo", handle)
+                    if info is not None:
+                        pci_bus_id = pci_bus_id or _bus_id_of(calls, info)
+                        fields["pci_device_id"] = _pci_id(getattr(info, "pciDeviceId", None))
+                        fields["pci_subsystem_id"] = _pci_id(getattr(info, "pciSubSystemId", None))
+            except _GpuLostError:
+                pass  # what was read before NVML said the GPU is lost stays; the rest is None
+            gpus.append(GpuIdentity(index=index, pci_bus_id=pci_bus_id, **fields))
+        identity = NvmlIdentity(
+            available=True, driver_version=driver, cuda_driver_version=cuda_version, gpus=tuple(gpus)
+        )
+        return identity, calls.errors
 
     def read(self, *, brief: bool = False) -> NvmlSnapshot:
         with self._read_lock:
@@ -1110,12 +1273,15 @@ class PynvmlReader:
         with self._read_lock:
             stuck = sum(1 for job in self._reading.values() if not job.done.is_set())
             stuck += self._system.busy() is not None
+            stuck += self._identity_lane.busy() is not None
             if self._nvml is not None and stuck:
                 logger.warning("nvml: %d NVML calls still stuck; not calling nvmlShutdown", stuck)
             elif self._nvml is not None:
                 self._shut_down()
             self._system.stop()
             self._workers.stop()
+            self._identity_lane.stop()
+            self._identity_lane = _Lane("nvml-identity")
             self._system = _Lane("nvml")
             self._workers = _Workers("nvml-gpus")
             self._reading = {}

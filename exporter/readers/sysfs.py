@@ -284,6 +284,13 @@ def read_pci_accelerators(
     return tuple(found)
 
 
+def read_pci_subsystem(sysfs_root: Path, address: str) -> tuple[int | None, int | None]:
+    """(subsystem vendor, subsystem device) of ``<root>/bus/pci/devices/<address>``; None where
+    unreadable. Read on request (the evidence document), not per scrape."""
+    entry = f"{sysfs_root}/bus/pci/devices/{address}"
+    return _read_hex(f"{entry}/subsystem_vendor"), _read_hex(f"{entry}/subsystem_device")
+
+
 def nvidia_gpu_indices(devices: Sequence[PciDevice]) -> dict[str, int]:
     """pci_bus_id -> GPU index: position among NVIDIA GPUs sorted by PCI address (NVML's default order)."""
     gpus = sorted((d for d in devices if d.kind == "nvidia"), key=lambda d: d.address)
@@ -439,6 +446,34 @@ def read_infiniband_devices(sysfs_root: Path) -> tuple[InfinibandDevice, ...]:
             )
         )
     return tuple(devices)
+
+
+@dataclass(frozen=True)
+class HcaIdentity:
+    """An InfiniBand (or RoCE) adapter's identity for the evidence document; None where unreadable."""
+
+    device: str
+    """``mlx5_0``."""
+    board_id: str | None
+    """Board (PSID), ``MT_0000000838``."""
+    fw_ver: str | None
+    """Firmware version, ``28.39.1002``."""
+    node_guid: str | None
+    """``b8ce:f603:00a1:b2c4``."""
+
+
+def read_hca_identities(sysfs_root: Path) -> tuple[HcaIdentity, ...]:
+    """Adapters under ``<root>/class/infiniband``, sorted by name (read on request, not per scrape)."""
+    class_dir = f"{sysfs_root}/class/infiniband"
+    return tuple(
+        HcaIdentity(
+            device=name,
+            board_id=_read_text(f"{class_dir}/{name}/board_id") or None,
+            fw_ver=_read_text(f"{class_dir}/{name}/fw_ver") or None,
+            node_guid=_read_text(f"{class_dir}/{name}/node_guid") or None,
+        )
+        for name in _names(class_dir) or ()
+    )
 
 
 # -- Neuron -------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ The parts, each handed its collaborators (composition, not a chain of subclasses
 - `gates`: `Gates` (pause, breaker, order, rate limits, budgets) and `LatchStore` (the gates document);
 - `events`: `EventRecorder`, the node's Events;
 - `node_actions`, `aws_actions`: `NodeActuator`, `AwsActuator`, each action against its target;
+- `evidence`: `EvidenceActuator`, the evidence captured before anything disruptive (remediator/evidence/);
 - `drains`: `DrainRunner`, drains in the background;
 - `pipeline`: `Reconciler`, one alert's actions in order, through idempotency and the gates;
 - `migrate`: an older release's gate-state document moved onto the nodes, once;

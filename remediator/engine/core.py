@@ -15,6 +15,7 @@ from remediator.desired import Cause, FiringSet
 from remediator.engine.aws_actions import AwsActuator
 from remediator.engine.drains import DrainRunner
 from remediator.engine.events import EventRecorder
+from remediator.engine.evidence import EvidenceActuator
 from remediator.engine.gates import Gates, LatchStore
 from remediator.engine.migrate import migrate_legacy_state
 from remediator.engine.model import AlertPlan, EngineSettings, GateStatus, Observed, PendingAction
@@ -22,6 +23,8 @@ from remediator.engine.node_actions import NodeActuator
 from remediator.engine.pipeline import Decided, Decisions, Key, Reconciler
 from remediator.engine.records import NodeView, taint_values
 from remediator.engine.stored import made_up_payload, resolved_alert
+from remediator.evidence.fetch import EvidenceFetcher
+from remediator.evidence.store import EvidenceStore
 from remediator.payload import Alert, WebhookPayload
 from remediator.policy import Drain, Policy, Selection
 from remediator.record import DRAIN_STATUS, Episode, starts_at_text
@@ -42,8 +45,9 @@ class Engine:
     Handed its collaborators (the cluster and AWS seams, the clock, optionally a decision log), it
     builds its parts, each with a small interface of its own:
     `NodeView` (the nodes and this service's records on them), `Gates` (+ `LatchStore`),
-    `EventRecorder`, `NodeActuator`, `AwsActuator`, `DrainRunner` and the `Reconciler` that decides
-    one alert's actions through them.
+    `EventRecorder`, `NodeActuator`, `AwsActuator`, `EvidenceActuator` (handed the evidence fetcher
+    and store, when the service has them), `DrainRunner` and the `Reconciler` that decides one
+    alert's actions through them.
     """
 
     def __init__(
@@ -55,6 +59,8 @@ class Engine:
         settings: EngineSettings,
         clock: Callable[[], float],
         log: DecisionLog | None = None,
+        evidence_fetcher: EvidenceFetcher | None = None,
+        evidence_store: EvidenceStore | None = None,
     ) -> None:
         self.policy = policy
         self.settings = settings
@@ -97,6 +103,15 @@ class Engine:
             events=self.events,
             nodes=actuator,
             aws=AwsActuator(aws=aws, cluster=cluster, gates=self.gates, clock=clock),
+            evidence=EvidenceActuator(
+                fetcher=evidence_fetcher,
+                store=evidence_store,
+                cluster=cluster,
+                gates=self.gates,
+                firing=self.firing,
+                history=self._history,
+                clock=clock,
+            ),
             drains=self.drains,
             decisions=self.decisions,
             decided=self.decided,
@@ -140,6 +155,10 @@ class Engine:
     def causes(self, node: str) -> list[Cause]:
         """The alerts firing now on `node` (the repair loop waits until none holds it)."""
         return self.firing.causes(node)
+
+    def _history(self, node: str) -> list[DecisionRecord]:
+        """This service's decision records for `node`, oldest first (what a capture of evidence keeps)."""
+        return [r for r in self.decisions.log.records() if r.node == node]
 
     def _quarantine(self, node: Node, ctx: Any, status: str) -> dict[str, str | None]:
         """The repair loop's record of a quarantine (remediator/repair.py), in the write that sets the

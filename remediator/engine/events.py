@@ -41,6 +41,7 @@ DONE_REASONS = {
     "aws_reboot": "AccelInstanceRebooted",
     "uncordon": "AccelUncordoned",
     "untaint": "AccelUntainted",
+    "evidence": "AccelEvidenceCaptured",
 }
 """Event reason of each node action done (cloudwatch_metric changes no node; `event` is one)."""
 
@@ -48,11 +49,13 @@ DONE_REASONS = {
 HOLD_EVERYTHING = frozenset({"pause", "breaker"})
 
 
-FAILURE_REASONS = frozenset({"AccelDrainBlocked", "AccelActionFailed"})
+FAILURE_REASONS = frozenset({"AccelDrainBlocked", "AccelActionFailed", "AccelEvidenceCaptureFailed"})
 """The Events `events: failures` keeps."""
 
 
-def action_event(action: str, outcome: Outcome, text: str, *, alertname: str) -> NodeEvent | None:
+def action_event(  # noqa: PLR0911  one return per kind of Event
+    action: str, outcome: Outcome, text: str, *, alertname: str
+) -> NodeEvent | None:
     """The Event that tells of one decided node action, or None (skipped, deferred, not a node action)."""
     if action not in DONE_REASONS:
         return None
@@ -60,6 +63,8 @@ def action_event(action: str, outcome: Outcome, text: str, *, alertname: str) ->
     if outcome == "failed":
         if action == "drain":
             return NodeEvent("Warning", "AccelDrainBlocked", text + suffix)
+        if action == "evidence":
+            return NodeEvent("Warning", "AccelEvidenceCaptureFailed", text + suffix)
         return NodeEvent("Warning", "AccelActionFailed", f"{action} failed: {text}{suffix}")
     if outcome == "started" or (action == "drain" and outcome == "planned"):
         return NodeEvent("Normal", "AccelDrainStarted", "drain started: " + text + suffix)

@@ -19,6 +19,7 @@ from remediator.desired import FiringSet
 from remediator.engine.aws_actions import AwsActuator
 from remediator.engine.drains import DrainRunner, drain_end
 from remediator.engine.events import EventRecorder, NodeEvent
+from remediator.engine.evidence import EvidenceActuator
 from remediator.engine.gates import Gates
 from remediator.engine.model import (
     MAX_PENDING,
@@ -40,6 +41,7 @@ from remediator.policy import (
     AddTaint,
     AwsReboot,
     AwsSetUnhealthy,
+    CaptureEvidence,
     CloudWatchMetric,
     Cordon,
     Drain,
@@ -137,6 +139,7 @@ class Reconciler:
         events: EventRecorder,
         nodes: NodeActuator,
         aws: AwsActuator,
+        evidence: EvidenceActuator,
         drains: DrainRunner,
         decisions: Decisions,
         decided: Decided,
@@ -150,6 +153,7 @@ class Reconciler:
         self._events = events
         self._nodes = nodes
         self._aws = aws
+        self._evidence = evidence
         self._drains = drains
         self._decisions = decisions
         self.decided = decided
@@ -471,6 +475,8 @@ class Reconciler:
                 return await self._aws.reboot(ctx, node, action)
             case CloudWatchMetric():
                 return await self._aws.metric(ctx, node, action)
+            case CaptureEvidence():
+                return await self._evidence.capture(ctx, node, action)
             case Uncordon():
                 return await self._nodes.uncordon(ctx, node)
             case RemoveTaint():

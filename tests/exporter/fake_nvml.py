@@ -14,7 +14,9 @@ NVML's throughput sampling does), and ``"errors": {call: error}`` makes one call
 without ``"nvlink"`` has no NVLink. ``nvmlDeviceGetFieldValues`` answers only
 ``NVML_FI_DEV_NVLINK_GET_STATE`` (scoped by link), from ``nvlink.state``; ``"nvlink_state_field":
 false`` makes it answer NOT_SUPPORTED for every link, as for GPUs before Hopper. ``"processes": [pid, ...]``
-lists the compute processes on a GPU.
+lists the compute processes on a GPU. Identity: ``serial``, ``board_part_number``, ``vbios_version``,
+``inforom_image_version`` (NOT_SUPPORTED where absent), ``pci_device_id`` and ``pci_subsystem_id``
+(integers in NVML's form) per GPU, ``driver_version`` and ``cuda_driver_version`` at the top.
 """
 
 from __future__ import annotations
@@ -106,6 +108,10 @@ class FakeNvml:
         defaults = snapshot.get("defaults", {})
         self.description: str = snapshot.get("description", "")
         self.gpus: list[dict[str, Any]] = [{**defaults, **gpu} for gpu in snapshot["gpus"]]
+        self.driver_version: str = snapshot.get("driver_version", "NOT_SUPPORTED")
+        """What ``nvmlSystemGetDriverVersion`` answers (an error name raises it)."""
+        self.cuda_driver_version: int | str = snapshot.get("cuda_driver_version", "NOT_SUPPORTED")
+        """What ``nvmlSystemGetCudaDriverVersion`` answers, e.g. 12020 (an error name raises it)."""
         self.init_error: str | None = snapshot.get("init_error")
         """An NVML error name nvmlInit raises (e.g. ``LIBRARY_NOT_FOUND``), or None."""
         self.init_hangs = False
@@ -198,8 +204,37 @@ class FakeNvml:
         return str(_value(self._gpu(handle, "nvmlDeviceGetName")["name"]))
 
     def nvmlDeviceGetPciInfo(self, handle: FakeHandle) -> SimpleNamespace:
-        bus_id = str(_value(self._gpu(handle, "nvmlDeviceGetPciInfo")["bus_id"]))
-        return SimpleNamespace(busId=bus_id.encode())
+        gpu = self._gpu(handle, "nvmlDeviceGetPciInfo")
+        bus_id = str(_value(gpu["bus_id"]))
+        return SimpleNamespace(
+            busId=bus_id.encode(),
+            pciDeviceId=int(gpu.get("pci_device_id", 0)),
+            pciSubSystemId=int(gpu.get("pci_subsystem_id", 0)),
+        )
+
+    def _identity(self, handle: FakeHandle, call: str, key: str) -> str:
+        """An identity string; a snapshot without ``key`` answers NOT_SUPPORTED."""
+        return str(_value(self._gpu(handle, call).get(key, "NOT_SUPPORTED")))
+
+    def nvmlDeviceGetSerial(self, handle: FakeHandle) -> str:
+        return self._identity(handle, "nvmlDeviceGetSerial", "serial")
+
+    def nvmlDeviceGetBoardPartNumber(self, handle: FakeHandle) -> str:
+        return self._identity(handle, "nvmlDeviceGetBoardPartNumber", "board_part_number")
+
+    def nvmlDeviceGetVbiosVersion(self, handle: FakeHandle) -> str:
+        return self._identity(handle, "nvmlDeviceGetVbiosVersion", "vbios_version")
+
+    def nvmlDeviceGetInforomImageVersion(self, handle: FakeHandle) -> str:
+        return self._identity(handle, "nvmlDeviceGetInforomImageVersion", "inforom_image_version")
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._count("nvmlSystemGetDriverVersion")
+        return str(_value(self.driver_version))
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._count("nvmlSystemGetCudaDriverVersion")
+        return int(_value(self.cuda_driver_version))
 
     # -- memory -------------------------------------------------------------------------------------
 

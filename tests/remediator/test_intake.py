@@ -81,10 +81,11 @@ async def test_a_fatal_xid_in_dry_run_plans_condition_cordon_drain_and_mutates_n
     resp = await client.post("/alerts", json=payload("gpu-fatal-xid"), headers=AUTH)
     assert resp.status == 200
     records = await _actions(client)
-    assert [r["action"] for r in records] == ["condition", "cordon", "drain"]
-    assert {r["outcome"] for r in records} == {"planned"}
+    assert [r["action"] for r in records] == ["condition", "cordon", "evidence", "drain"]
+    # This service was given no evidence store (the command's services always have one): skipped.
+    assert [r["outcome"] for r in records] == ["planned", "planned", "skipped", "planned"]
     assert all(r["dry_run"] is True and r["node"] == "gpu-node-1" and r["rule"] == "drain" for r in records)
-    drain = records[2]
+    drain = records[3]
     assert set(drain) == {
         "time", "node", "action", "alertname", "fingerprint", "starts_at", "status",
         "rule", "dry_run", "outcome", "reason", "gate", "details",
@@ -116,6 +117,7 @@ async def test_the_same_payload_delivered_fifty_times_acts_once(
     assert [(r["action"], r["outcome"]) for r in records] == [
         ("condition", "done"),
         ("cordon", "done"),
+        ("evidence", "skipped"),  # this service has no evidence store
         ("drain", "started"),
         ("drain", "done"),
         ("aws_set_unhealthy", "done"),
@@ -146,14 +148,15 @@ async def test_a_drain_a_pdb_blocks_ends_failed_naming_the_pod_and_is_not_starte
     assert [(r["action"], r["outcome"]) for r in records] == [
         ("condition", "done"),
         ("cordon", "done"),
+        ("evidence", "skipped"),  # this service has no evidence store
         ("drain", "started"),
         ("drain", "failed"),
     ]
-    [blocked] = records[3]["details"]["blocked"]
+    [blocked] = records[4]["details"]["blocked"]
     assert (blocked["namespace"], blocked["name"]) == ("ml-team", "llama-pretrain-worker-1")
     assert "429" in blocked["reason"]
     assert "PodDisruptionBudget" in blocked["reason"]
-    assert records[3]["details"]["timed_out"] is True
+    assert records[4]["details"]["timed_out"] is True
     assert live_service.counting.calls["drain"] == 1
     evictions = [m for m in live_service.cluster.mutations if m.startswith("evict")]
     assert "evict ml-team/llama-pretrain-worker-0" in evictions

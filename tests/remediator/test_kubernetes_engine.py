@@ -124,7 +124,11 @@ async def test_what_it_must_remember_survives_a_restart_on_the_node_it_acted_on(
     assert stored is not None
     record = json.loads(stored["metadata"]["annotations"][EPISODES])
     [(fingerprint, (rule, alertname, _start, steps))] = record["e"].items()
-    assert (rule, alertname, steps) == ("drain", "AccelGPUFatalXid", 0b111)  # condition, cordon, drain
+    assert (rule, alertname, steps) == (
+        "drain",
+        "AccelGPUFatalXid",
+        0b1111,
+    )  # condition, cordon, evidence, drain
     cordons = [r for r in mutating(api) if r[0] == "PATCH" and "/nodes/gpu-node-1" in r[1]]
 
     # A new replica (new client, new engine) takes over and gets the same delivery again.

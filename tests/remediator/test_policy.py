@@ -12,6 +12,7 @@ from remediator.cluster import LabelRequirement, LabelSelector, Node
 from remediator.policy import (
     AddTaint,
     AwsSetUnhealthy,
+    CaptureEvidence,
     Cordon,
     Drain,
     Matcher,
@@ -150,7 +151,8 @@ def test_the_default_policy_covers_every_remediation_label_the_alerts_set() -> N
         assert rule is not None, value
         by_label[value] = rule
     assert by_label["drain"].actions[:2] == (SetCondition(), Cordon())
-    assert isinstance(by_label["drain"].actions[2], Drain)
+    assert by_label["drain"].actions[2] == CaptureEvidence(timeout_seconds=10)  # before the drain
+    assert isinstance(by_label["drain"].actions[3], Drain)
     assert by_label["cordon"].actions == (SetCondition(), Cordon())
     assert by_label["taint"].actions == (
         SetCondition(),
@@ -159,6 +161,7 @@ def test_the_default_policy_covers_every_remediation_label_the_alerts_set() -> N
     assert [a.type for a in by_label["replace"].actions] == [
         "condition",
         "cordon",
+        "evidence",
         "drain",
         "aws_set_unhealthy",
     ]
