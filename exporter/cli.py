@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import importlib
+import ipaddress
 import logging
 import os
 import shutil
@@ -324,11 +325,29 @@ def _evidence_endpoint(
     return EvidenceEndpoint(store, sources, _evidence_auth(args))
 
 
+def _refuse_insecure_off_loopback(args: argparse.Namespace) -> None:
+    """--checks-insecure-no-auth serves GET /checks and /evidence to anyone who reaches the port: it
+    is for a loopback --listen address alone (a test, a port-forward), never a pod or node address."""
+    if not args.checks_insecure_no_auth:
+        return
+    host = args.listen[0]
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ValueError(
+            f"--checks-insecure-no-auth is only for a loopback --listen address (127.0.0.1, [::1]), "
+            f"not {host}: give --checks-token-file FILE instead"
+        )
+
+
 def _evidence_auth(args: argparse.Namespace) -> BearerToken | None:
     """GET /evidence takes the checks' token (with or without --checks); None: no token configured,
     so /evidence is not served. ValueError for flags that contradict each other."""
     if args.checks_token_file is not None and args.checks_insecure_no_auth:
         raise ValueError("--checks-insecure-no-auth contradicts --checks-token-file")
+    _refuse_insecure_off_loopback(args)
     if args.checks_token_file is not None:
         return BearerToken(token_file=args.checks_token_file)
     return BearerToken() if args.checks_insecure_no_auth else None
@@ -449,6 +468,7 @@ def _build_checks(
         raise ValueError("--checks needs --checks-token-file FILE (or --checks-insecure-no-auth)")
     if args.checks_token_file is not None and args.checks_insecure_no_auth:
         raise ValueError("--checks-insecure-no-auth contradicts --checks-token-file")
+    _refuse_insecure_off_loopback(args)
     if args.checks_token_file is not None:
         _warn_without_token(args.checks_token_file)
     namespace = args.checks_peers_namespace

@@ -99,6 +99,18 @@ def test_a_malformed_listen_address_is_a_usage_error() -> None:
     assert main(["--listen=nonsense"]) == 2
 
 
+@pytest.mark.parametrize("listen", ["0.0.0.0:9835", "10.213.1.10:9835", "[::]:9835", "node-1:9835"])
+def test_no_token_is_refused_on_any_address_but_loopback(
+    listen: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without a token, /checks and /evidence answer anyone who reaches the port: only on loopback."""
+    code = main(
+        [f"--listen={listen}", "--checks-insecure-no-auth", f"--kmsg={tmp_path / 'none'}", "--nvml=off"]
+    )
+    assert code == 2
+    assert "only for a loopback --listen address" in caplog.text
+
+
 @pytest.mark.parametrize("seconds", ["0", "-1", "soon", "inf"])
 def test_an_nvml_timeout_that_is_not_a_positive_number_is_a_usage_error(seconds: str) -> None:
     assert main([f"--nvml-timeout={seconds}"]) == 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ import pytest
 from exporter.auth import BearerToken
 from exporter.cli import make_handler
 from exporter.evidence import (
+    EXPORTER_VERSION,
     SCHEMA,
     STATE_FILE_NAME,
     EvidenceEndpoint,
@@ -586,3 +588,10 @@ def test_the_exporter_process_serves_an_xid_line_and_keeps_it_across_a_restart(
     finally:
         second.process.send_signal(signal.SIGTERM)
         assert second.process.wait(timeout=10) == 0
+
+
+def test_the_version_the_document_names_is_the_packages() -> None:
+    """EXPORTER_VERSION is written out (reading the package metadata would load `email`): it must
+    follow pyproject.toml's version."""
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert project["project"]["version"] == EXPORTER_VERSION
