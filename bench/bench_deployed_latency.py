@@ -118,7 +118,7 @@ def _stages(d: Deployment, written: dict[str, float]) -> tuple[dict[str, float],
 def _prometheus_own(d: Deployment) -> dict[str, float]:
     """Prometheus's own metrics (it does not scrape itself in the shipped configuration), summed by name."""
     totals: dict[str, float] = {}
-    with urllib.request.urlopen(f"http://127.0.0.1:{d.prometheus_port}/metrics", timeout=5) as resp:
+    with urllib.request.urlopen(f"http://{d.prometheus_host}/metrics", timeout=5) as resp:
         for line in resp.read().decode().splitlines():
             if line and not line.startswith("#"):
                 name = line.split("{", 1)[0].split(" ", 1)[0]

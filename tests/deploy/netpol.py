@@ -115,10 +115,15 @@ def _direction_allows(
     return False
 
 
-def allowed(objects: list[Obj], source: Pod, destination: Endpoint, port: int, protocol: str = "TCP") -> bool:
-    """Whether the NetworkPolicies among `objects` let `source` open `port` on `destination`."""
+def allowed(
+    objects: list[Obj], source: Endpoint, destination: Endpoint, port: int, protocol: str = "TCP"
+) -> bool:
+    """Whether the NetworkPolicies among `objects` let `source` open `port` on `destination` (an
+    `Outside` source has no egress to check, only the destination's ingress)."""
     policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
-    if not _direction_allows(policies, source, destination, port, protocol, direction="egress"):
+    if isinstance(source, Pod) and not _direction_allows(
+        policies, source, destination, port, protocol, direction="egress"
+    ):
         return False
     if isinstance(destination, Outside):
         return True

@@ -15,7 +15,14 @@ The monitoring stack the harness plays is kube-prometheus': Alertmanager `main` 
 real members gossiping as an HA cluster, each at an address of its own on the pod network, port 9093,
 and named in the pods' DNS (their /etc/hosts) as the Operator's governing Service names them,
 `alertmanager-main-<i>.alertmanager-operated.monitoring.svc` (and the Service `alertmanager-main` as
-member 0), so the remediator reads them with the rendered URLs.
+member 0), so the remediator reads them with the rendered URLs; their webhooks reach the remediator
+from member 0's address. Prometheus runs in a pod network namespace of its own, so its scrapes come
+from an address of its own too (except beside `extra_pods`, whose simulated nodes listen on the host's
+loopback addresses: there it runs on the host).
+
+Every connection a pod opens or accepts is recorded (tests/kube/connections.py) and, with the address
+book of `address_book()`, held against the rendered NetworkPolicies by each scenario module's last
+test: the policies must admit everything the shipped components do.
 
 What the harness changes, and only for the 1.20 server or for running outside a cluster:
 - PodDisruptionBudgets are applied as policy/v1beta1 and lose `unhealthyPodEvictionPolicy` (1.21+
@@ -48,7 +55,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from examples.pipeline import free_port
 from tests.deploy import kube as deploy_kube
+from tests.deploy.netpol import Outside, Pod
 from tests.image import oci
+from tests.kube.connections import AddressBook, ConnectionRecorder, Flow, Peer, disallowed, pod_peer, roles
 from tests.kube.controlplane import (
     ControlPlane,
     Process,
@@ -74,6 +83,26 @@ ALERTMANAGER_NAME = "main"
 """kube-prometheus' Alertmanager object; its StatefulSet and Service are `alertmanager-main`."""
 ALERTMANAGER_REPLICAS = 3
 ALERTMANAGER_PORT = 9093
+PROMETHEUS_POD = Pod(
+    "monitoring", {"app.kubernetes.io/name": "prometheus", "prometheus": "k8s"}, {"web": 9090}
+)
+"""kube-prometheus' Prometheus `k8s` as its NetworkPolicies see it (the harness's Prometheus plays it)."""
+ALERTMANAGER_POD = Pod(
+    ALERTMANAGER_NAMESPACE,
+    {
+        "app.kubernetes.io/name": "alertmanager",
+        "app.kubernetes.io/instance": ALERTMANAGER_NAME,
+        "app.kubernetes.io/component": "alert-router",
+        "app.kubernetes.io/part-of": "kube-prometheus",
+        "app.kubernetes.io/managed-by": "prometheus-operator",
+        "alertmanager": ALERTMANAGER_NAME,
+    },
+    {"web": ALERTMANAGER_PORT, "mesh-tcp": 9094},
+)
+"""A member of kube-prometheus' Alertmanager `main`, labelled as the Operator labels its pods."""
+API_SERVER = Outside("172.20.0.1")
+"""The API server behind the `kubernetes` Service, as a NetworkPolicy sees it (an address outside the
+pod network, port 443), which the pods reach through the harness's API server proxy."""
 OPERATOR_KINDS = {
     "ServiceMonitor": "servicemonitors",
     "PodMonitor": "podmonitors",
@@ -275,6 +304,10 @@ class Deployment:
     discovery: PodDiscovery | None = None
     from_image: bool = True
     """The project's containers run from the image (runc); False: from the virtualenv, as root."""
+    recorder: ConnectionRecorder | None = None
+    """Every connection the pods open or accept (see connections_seen)."""
+    prometheus_address: str = "127.0.0.1"
+    """Where Prometheus's web port is (its pod address, once started in a pod namespace)."""
     extra_pods: list[Obj] = field(default_factory=list)
     """Pods Prometheus discovers besides the cluster's, as pod discovery would list them (benchmarks:
     a simulated fleet's exporters, bench/fleet.py). They are not in the API server."""
@@ -285,6 +318,8 @@ class Deployment:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.network = PodNetwork()
         self.network.create()
+        self.recorder = ConnectionRecorder(self.network.conntrack_tables)
+        self.recorder.start()
         self.plane = start_control_plane(self.workdir / "control-plane", extra_ips=(self.network.host_ip,))
         self.loop = Loop()
         pki = self.plane.pki
@@ -312,6 +347,8 @@ class Deployment:
         self._start_prometheus()
 
     def stop(self) -> None:
+        if self.recorder is not None:
+            self.recorder.stop()
         if self.discovery is not None:
             self.discovery.stop()
         for proc in reversed(self.processes):
@@ -418,7 +455,11 @@ class Deployment:
         assert self.loop is not None
         assert self.network is not None
         assert self.kubelet is not None
-        self.service = ServiceProxy(rest=self.admin, namespace=NAMESPACE, name=REMEDIATOR, target_port=9836)
+        addresses = [self.network.add_host_address() for _ in range(ALERTMANAGER_REPLICAS)]
+        # The webhooks reach the remediator from member 0's address, as from the member's pod.
+        self.service = ServiceProxy(
+            rest=self.admin, namespace=NAMESPACE, name=REMEDIATOR, target_port=9836, source=addresses[0]
+        )
         self.loop.run(self.service.start())
         token_file = self.workdir / "webhook-token"
         token_file.write_text(self.token)
@@ -428,7 +469,6 @@ class Deployment:
                 hook["url"] = f"http://127.0.0.1:{self.service.port}/alerts"
                 hook["http_config"]["authorization"]["credentials_file"] = str(token_file)
         (self.workdir / "alertmanager.yaml").write_text(yaml.safe_dump(am))
-        addresses = [self.network.add_host_address() for _ in range(ALERTMANAGER_REPLICAS)]
         statefulset, ns = f"alertmanager-{ALERTMANAGER_NAME}", ALERTMANAGER_NAMESPACE
         for i, address in enumerate(addresses):
             for domain in (
@@ -478,26 +518,37 @@ class Deployment:
                 job["file_sd_configs"] = [{"files": files, "refresh_interval": "1s"}]
         self.discovery.start()
         (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(prom))
-        self.prometheus_port = free_port()
+        in_pod: list[str] = []
+        if self.extra_pods:
+            self.prometheus_port = free_port()
+        else:
+            assert self.network is not None
+            netns, self.prometheus_address = self.network.add_pod()
+            self.prometheus_port = 9090
+            in_pod = ["ip", "netns", "exec", netns]
         self.processes.append(
             spawn(
                 "prometheus",
                 [
+                    *in_pod,
                     "prometheus",
                     f"--config.file={self.workdir / 'prometheus.yml'}",
                     f"--storage.tsdb.path={self.workdir / 'prom-data'}",
-                    f"--web.listen-address=127.0.0.1:{self.prometheus_port}",
+                    f"--web.listen-address={self.prometheus_address}:{self.prometheus_port}",
                 ],
                 log_dir=self.workdir,
             )
         )
 
+    @property
+    def prometheus_host(self) -> str:
+        """ADDRESS:PORT of Prometheus's web interface."""
+        return f"{self.prometheus_address}:{self.prometheus_port}"
+
     # -- observing ----------------------------------------------------------------------------------
 
     def query(self, promql: str) -> list[dict[str, Any]]:
-        url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/query?" + urllib.parse.urlencode(
-            {"query": promql}
-        )
+        url = f"http://{self.prometheus_host}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
         with urllib.request.urlopen(url, timeout=5) as resp:
             result: list[dict[str, Any]] = json.loads(resp.read())["data"]["result"]
             return result
@@ -527,7 +578,7 @@ class Deployment:
         )
 
     def firing(self) -> list[dict[str, str]]:
-        url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/alerts"
+        url = f"http://{self.prometheus_host}/api/v1/alerts"
         with urllib.request.urlopen(url, timeout=5) as resp:
             alerts = json.loads(resp.read())["data"]["alerts"]
         return [a["labels"] | {"activeAt": a.get("activeAt", "")} for a in alerts if a["state"] == "firing"]
@@ -609,6 +660,34 @@ class Deployment:
             parts.append("kubelet stand-in errors: " + "; ".join(self.kubelet.errors[-10:]))
         return "\n".join(parts)
 
+    def address_book(self) -> AddressBook:
+        """Who each address of the pod network is, as a cluster's NetworkPolicy sees it: the pods the
+        kubelet stand-in started, Prometheus and the Alertmanager members as kube-prometheus' pods,
+        the API server proxy as the API server on 443, the host as the pods' node."""
+        assert self.network is not None
+        assert self.kubelet is not None
+        assert self.skew is not None
+        book = AddressBook(nodes={self.network.host_ip})
+        for ip, pod in list(self.kubelet.addresses.items()):
+            book.pods[ip] = pod_peer(pod)
+        prometheus = f"{PROMETHEUS_POD.namespace}/prometheus-k8s-0"
+        book.pods[self.prometheus_address] = Peer(prometheus, "monitoring/prometheus", PROMETHEUS_POD)
+        for i, url in enumerate(self.alertmanagers):
+            member = f"{ALERTMANAGER_NAMESPACE}/alertmanager-{ALERTMANAGER_NAME}-{i}"
+            book.pods[urllib.parse.urlsplit(url).hostname or ""] = Peer(
+                member, "monitoring/alertmanager", ALERTMANAGER_POD
+            )
+        book.services[(self.network.host_ip, self.skew.port)] = (
+            Peer("API server", "API server", API_SERVER),
+            443,
+        )
+        return book
+
+    def connections_seen(self) -> list[Flow]:
+        """Every connection recorded so far (read afresh now), between the peers the addresses are."""
+        assert self.recorder is not None
+        return self.address_book().flows(self.recorder.poll())
+
     def remediator_logs(self) -> str:
         assert self.kubelet is not None
         return "\n".join(
@@ -659,6 +738,43 @@ def add_training(d: Deployment, *, replicas: int, mirror_pods_on: tuple[str, ...
         lambda: sum(is_ready(p) for p in d.pods(WORK_NS)) == replicas,
         timeout=60,
     )
+
+
+ALWAYS_CONNECTED = {
+    ("monitoring/prometheus", f"{NAMESPACE}/{EXPORTER}", 9835, "TCP"),
+    ("monitoring/prometheus", f"{NAMESPACE}/{REMEDIATOR}", 9836, "TCP"),
+    (f"{NAMESPACE}/{REMEDIATOR}", "API server", 443, "TCP"),
+    (f"{NAMESPACE}/{REMEDIATOR}", "monitoring/alertmanager", ALERTMANAGER_PORT, "TCP"),
+}
+"""(source, destination, port, protocol) that every scenario makes without a fault: Prometheus's
+scrapes, the remediator's API calls and its reads of Alertmanager (every 30 s)."""
+
+
+def check_network_policies(
+    d: Deployment, *, expected: set[tuple[str, str, int, str]], timeout: float = 90.0
+) -> list[Flow]:
+    """Every connection the pods made so far, once the recorder has seen each `expected` one (so that
+    a recorder that records nothing fails instead of passing); raises AssertionError listing each
+    one the rendered NetworkPolicies (`d.objects`, as applied) would drop. Returns the connections."""
+    assert d.network is not None
+    if d.network.track_problem:
+        raise AssertionError(f"the pods' connections cannot be recorded: {d.network.track_problem}")
+    flows: list[Flow] = []
+
+    def seen_all() -> bool:
+        nonlocal flows
+        flows = d.connections_seen()
+        return expected <= roles(flows)
+
+    try:
+        wait_for("the expected connections recorded", seen_all, timeout=timeout, interval=1.0)
+    except TimeoutError as exc:
+        missing = "\n".join(map(str, sorted(expected - roles(flows))))
+        seen = "\n".join(map(str, flows))
+        raise AssertionError(f"{exc}; never seen:\n{missing}\nseen:\n{seen}") from None
+    refused = disallowed(d.objects, flows)
+    assert not refused, "\n".join(refused)
+    return flows
 
 
 def is_ready(pod: Obj) -> bool:

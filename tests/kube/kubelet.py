@@ -195,6 +195,9 @@ class FakeKubelet:
     file the kubelet manages in real pods too), for the Services the harness plays outside the API."""
     errors: list[str] = field(default_factory=list)
     running: dict[str, Running] = field(default_factory=dict)
+    addresses: dict[str, Obj] = field(default_factory=dict)
+    """Pod IP -> the pod as its process was started there (namespace, labels, container ports): who
+    an address was, also after the pod is gone (addresses are never handed out twice)."""
     _seen: dict[str, float] = field(default_factory=dict)
     _deleting: dict[str, float] = field(default_factory=dict)
     _created_dirs: list[Path] = field(default_factory=list)
@@ -576,6 +579,7 @@ class FakeKubelet:
         if self.image is None:
             argv[0] = shutil.which(argv[0], path=str(Path(sys.executable).parent)) or argv[0]
         netns, ip = self.network.add_pod()
+        self.addresses[ip] = pod
         hosts = pod_dir / "etc-hosts"
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback", f"{ip}\t{meta['name']}"]
         hosts.write_text("\n".join([*lines, *(f"{a}\t{n}" for n, a in sorted(self.hosts.items()))]) + "\n")

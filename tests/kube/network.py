@@ -138,6 +138,9 @@ class ServiceProxy:
     name: str
     target_port: int
     port: int = 0
+    source: str | None = None
+    """The address the endpoint sees the connections come from (kube-proxy keeps the client's): one
+    the harness gave the client on the pod network; None: the host's."""
     _server: asyncio.AbstractServer | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -164,7 +167,9 @@ class ServiceProxy:
             writer.close()  # no ready endpoint: connection refused, as a ClusterIP without endpoints
             return
         try:
-            up_reader, up_writer = await asyncio.open_connection(ips[0], self.target_port)
+            up_reader, up_writer = await asyncio.open_connection(
+                ips[0], self.target_port, local_addr=(self.source, 0) if self.source else None
+            )
         except OSError:
             writer.close()
             return

@@ -5,6 +5,12 @@ is two pods, not a conflict) and Prometheus scrapes pod IPs as it does in a clus
 Addresses come from 10.213.N.0/24, N chosen per run; they exist only inside this machine's own
 namespaces and the bridge this module creates and removes. Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN)
 and iproute2; `available()` says whether this machine can.
+
+Each pod's namespace also keeps a connection-tracking table of its own (for tests/kube/connections.py,
+which reads what the pods connect to): where iptables is installed, two rules in that namespace (never
+the host's) match on conntrack state, which switches the kernel's tracking on for it, and a holder
+process (`sleep`, the pause container's part) keeps it open so that `conntrack_tables()` can name its
+/proc/PID/net/nf_conntrack, also after the pod's own process is gone.
 """
 
 from __future__ import annotations
@@ -14,6 +20,9 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from examples.pipeline import die_with_parent
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -50,8 +59,13 @@ class PodNetwork:
     subnet: int = field(default_factory=lambda: 1 + (os.getpid() + next(_SUBNETS)) % 250)
     _next: int = 10
     _next_host: int = 2
+    track_problem: str | None = field(
+        default_factory=lambda: None if shutil.which("iptables") else "iptables is not installed"
+    )
+    """Why pod namespaces get no connection-tracking table; None: they each get one."""
     _namespaces: list[str] = field(default_factory=list)
     _host_ends: list[str] = field(default_factory=list)
+    _holders: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
     def bridge(self) -> str:
@@ -98,9 +112,49 @@ class PodNetwork:
         _ip("-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
         _ip("-n", ns, "link", "set", "eth0", "up")
         _ip("-n", ns, "route", "add", "default", "via", self.host_ip)
+        if self.track_problem is None:
+            self._track(ns)
         return ns, ip
 
+    def _track(self, ns: str) -> None:
+        """Switch connection tracking on inside `ns` (a rule that matches on conntrack state makes the
+        kernel track that namespace's connections; it accepts what the policy ACCEPT would anyway) and
+        start its holder."""
+        for chain in ("OUTPUT", "INPUT"):
+            rule = ["-A", chain, "-m", "conntrack", "--ctstate", "NEW", "-j", "ACCEPT"]
+            done = subprocess.run(
+                ["ip", "netns", "exec", ns, "iptables", "-w", *rule],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=20,
+            )
+            if done.returncode != 0:
+                # The pod runs all the same; the scenario's check of the connections says why it cannot.
+                self.track_problem = f"iptables {' '.join(rule)} in {ns}: {done.stderr.strip()}"
+                return
+        self._holders[ns] = subprocess.Popen(
+            ["ip", "netns", "exec", ns, "sleep", "infinity"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent,  # noqa: PLW1509 -- prctl only, no locks or threads touched
+        )
+
+    def conntrack_tables(self) -> dict[str, Path]:
+        """Namespace -> its connection-tracking table, for every pod namespace tracked so far."""
+        return {
+            ns: Path(f"/proc/{holder.pid}/net/nf_conntrack")
+            for ns, holder in list(self._holders.items())
+            if holder.poll() is None
+        }
+
     def destroy(self) -> None:
+        for holder in self._holders.values():
+            holder.kill()
+            holder.wait(timeout=10)
+        self._holders.clear()
         # Deleting the host end removes the pair even where a process still holds the pod's namespace
         # (which `ip netns del` only unmounts).
         for host_end in self._host_ends:

@@ -14,6 +14,7 @@ The leader reads every member of the Alertmanager cluster the manifests name, an
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,12 +27,21 @@ from remediator.executors.kubernetes import KubernetesCluster
 from tests.alertmanager_process import rfc3339
 from tests.kube.conftest import deployed_skip_reason
 from tests.kube.controlplane import wait_for
-from tests.kube.deployed import NAMESPACE, REMEDIATOR, WORK_NS, Deployment, add_training
+from tests.kube.deployed import (
+    ALWAYS_CONNECTED,
+    NAMESPACE,
+    REMEDIATOR,
+    WORK_NS,
+    Deployment,
+    add_training,
+    check_network_policies,
+)
 from tests.kube.kubelet import KubeletSettings
 from tests.kube.rest import Obj
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
+logger = logging.getLogger(__name__)
 SA_USER = f"system:serviceaccount:{NAMESPACE}:{REMEDIATOR}"
 XID_79 = "NVRM: Xid (PCI:0000:9d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 
@@ -390,3 +400,15 @@ def test_every_shipped_rbac_rule_of_the_remediator_is_used(cluster: Deployment) 
                                     + (f" {name}" if name else "")
                                 )
     assert unused == []
+
+
+def test_every_connection_the_pods_made_is_one_the_rendered_network_policies_allow(
+    cluster: Deployment,
+) -> None:
+    """Last, after the scenarios above: each connection a pod opened or accepted, as its network
+    namespace tracked it, is one the enforce overlay's NetworkPolicies admit (no network plugin
+    enforces them here), and the connections every run makes were seen, the Alertmanager webhooks
+    of the fault included."""
+    webhook = ("monitoring/alertmanager", f"{NAMESPACE}/{REMEDIATOR}", 9836, "TCP")
+    flows = check_network_policies(cluster, expected=ALWAYS_CONNECTED | {webhook})
+    logger.info("connections seen:\n%s", "\n".join(map(str, flows)))

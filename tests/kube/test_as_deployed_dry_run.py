@@ -8,6 +8,7 @@ hostPath, also when the ring buffer has moved past the record."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,20 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.readers.kmsg import STATE_FILE_NAME
 from tests.kube.conftest import deployed_skip_reason
 from tests.kube.controlplane import wait_for
-from tests.kube.deployed import EXPORTER, NAMESPACE, REMEDIATOR, WORK_NS, Deployment, add_training
+from tests.kube.deployed import (
+    ALWAYS_CONNECTED,
+    EXPORTER,
+    NAMESPACE,
+    REMEDIATOR,
+    WORK_NS,
+    Deployment,
+    add_training,
+    check_network_policies,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
+logger = logging.getLogger(__name__)
 SA_USER = f"system:serviceaccount:{NAMESPACE}:{REMEDIATOR}"
 XID_79 = "NVRM: Xid (PCI:0000:9d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 MUTATING = {"create", "update", "patch", "delete", "deletecollection"}
@@ -180,3 +191,15 @@ def test_the_exporters_counts_survive_a_restart_of_its_container_in_the_image(cl
 
     wait_for("the exporter's container restarted and serving", restarted, timeout=60)
     assert _xid_79(url) == before + 1
+
+
+def test_every_connection_the_pods_made_is_one_the_rendered_network_policies_allow(
+    cluster: Deployment,
+) -> None:
+    """Last, after the scenarios above: each connection a pod opened or accepted, as its network
+    namespace tracked it, is one the dry-run overlay's NetworkPolicies admit (no network plugin
+    enforces them here), and the connections every run makes were seen, the Alertmanager webhooks
+    of the fault included."""
+    webhook = ("monitoring/alertmanager", f"{NAMESPACE}/{REMEDIATOR}", 9836, "TCP")
+    flows = check_network_policies(cluster, expected=ALWAYS_CONNECTED | {webhook})
+    logger.info("connections seen:\n%s", "\n".join(map(str, flows)))
