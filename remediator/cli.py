@@ -39,7 +39,7 @@ from remediator.evidence.store import (
     s3_client,
 )
 from remediator.executors import kubernetes as executors_kubernetes
-from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings
+from remediator.executors.kubernetes import TLS_CLOSE_GRACE_SECONDS, KubernetesCluster, KubernetesSettings
 from remediator.executors.snapshot import AwsOff, RecordingAws, SnapshotCluster, SnapshotError
 from remediator.holds import as_json as holds_json
 from remediator.holds import as_text as holds_text
@@ -53,9 +53,6 @@ DEFAULT_EVIDENCE_PREFIX = "accel-health/evidence"
 EXIT_USAGE = 2
 DEFAULT_LEASE_SECONDS = 15
 NODE_CACHE_WAIT_SECONDS = 60
-CLOSE_GRACE_SECONDS = 0.25
-"""What a command's own event loop waits, after closing its API client, before it ends (aiohttp's advice
-for TLS connections)."""
 MIN_LEASE_SECONDS = 3
 """The library's timing checks need renew deadline (2/3 of it) > 1.2 x retry period (at least 1 s)."""
 logger = logging.getLogger("remediator")
@@ -293,7 +290,7 @@ async def _read_nodes(args: argparse.Namespace) -> list[Node]:
         await cluster.close()
         # The event loop ends with this command: give the TLS connections just closed the moment
         # they need to close their sockets (else they are left to the garbage collector).
-        await asyncio.sleep(CLOSE_GRACE_SECONDS)
+        await asyncio.sleep(TLS_CLOSE_GRACE_SECONDS)
 
 
 def holds(argv: Sequence[str], *, out: TextIO) -> int:

@@ -28,11 +28,10 @@ from remediator.evidence.store import (
     latest,
     s3_client,
 )
-from remediator.executors.kubernetes import KubernetesCluster
+from remediator.executors.kubernetes import TLS_CLOSE_GRACE_SECONDS, KubernetesCluster
 
 EXIT_NOT_FOUND = 1
 EXIT_USAGE = 2
-CLOSE_GRACE_SECONDS = 0.25
 
 
 class EvidenceUsageError(Exception):
@@ -115,7 +114,7 @@ async def _kubernetes(args: argparse.Namespace) -> tuple[str, dict[str, Any]] | 
         return await _from_store(store, args.node)
     finally:
         await api.close()  # type: ignore[no-untyped-call]  # untyped upstream
-        await asyncio.sleep(CLOSE_GRACE_SECONDS)  # TLS connections close their sockets
+        await asyncio.sleep(TLS_CLOSE_GRACE_SECONDS)  # TLS connections close their sockets
 
 
 async def _find(args: argparse.Namespace) -> tuple[str, dict[str, Any]] | None:

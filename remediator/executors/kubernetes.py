@@ -137,8 +137,9 @@ PRIMED_LIST_SECONDS = 5.0
 plans a drain, cordons, then starts it: well within this). Older ones are not used: the drain lists."""
 PRIMED_LISTS_KEPT = 64
 """At most this many such LISTs are kept (the oldest go first)."""
-WATCH_CLOSE_GRACE_SECONDS = 0.25
-"""How long `close` lets the TLS connections of watches it stopped finish closing (aiohttp's advice)."""
+TLS_CLOSE_GRACE_SECONDS = 0.25
+"""How long the event loop must still run after TLS connections are closed for their sockets to close
+(aiohttp's advice): `close` waits it after watches, a command's own loop before it ends."""
 
 
 @dataclass(frozen=True)
@@ -388,7 +389,7 @@ class KubernetesCluster:
         TLS connection on the spot, outside the set of connections its own close waits for. The
         TLS shutdown needs the event loop for a moment more: without it, a loop that ends right
         after this (a test, a command) leaves the socket to the garbage collector, which reports it
-        unclosed wherever it happens to run. So after watches, the close waits WATCH_CLOSE_GRACE."""
+        unclosed wherever it happens to run. So after watches, the close waits TLS_CLOSE_GRACE_SECONDS."""
         watched = self._watched or self._cache_task is not None
         if self._cache_task is not None:
             self._cache_task.cancel()
@@ -401,7 +402,7 @@ class KubernetesCluster:
             table.clear()
         await self.api.close()  # type: ignore[no-untyped-call]  # untyped upstream
         if watched:
-            await asyncio.sleep(WATCH_CLOSE_GRACE_SECONDS)
+            await asyncio.sleep(TLS_CLOSE_GRACE_SECONDS)
 
     # -- the request layer ---------------------------------------------------------------------
 

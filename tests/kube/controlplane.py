@@ -489,6 +489,21 @@ def apply_objects(rest: Rest, objects: list[Obj]) -> None:
             rest.merge_patch(f"{path}/{name}", obj)
 
 
+def shipped_remediator_account(
+    plane: ControlPlane, namespace: str, name: str = "accel-health-remediator"
+) -> str:
+    """The remediator's ServiceAccount in `namespace`, bound by deploy/'s RBAC as shipped; its token."""
+    repo = Path(__file__).resolve().parents[2]
+    rbac = [doc for doc in yaml.safe_load_all((repo / "deploy/base/remediator-rbac.yaml").read_text()) if doc]
+    account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": name, "namespace": namespace},
+    }
+    apply_objects(plane.admin, [account, *rbac])
+    return plane.service_account_token(namespace, name)
+
+
 _PLURALS = {
     "Namespace": ("api/v1", "namespaces", False),
     "Node": ("api/v1", "nodes", False),

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from kubernetes.aio import client as k8s
@@ -33,7 +32,7 @@ from remediator.executors.snapshot import RecordingAws
 from remediator.payload import WebhookPayload, parse_payload
 from remediator.policy import parse_policy
 from remediator.repair import url_template_endpoint
-from tests.kube.controlplane import ControlPlane, apply_objects
+from tests.kube.controlplane import ControlPlane, apply_objects, shipped_remediator_account
 from tests.kube.kubelet import FakeKubelet, KubeletSettings
 from tests.kube.rest import ApiError
 from tests.remediator.conftest import FakeClock
@@ -41,7 +40,6 @@ from tests.remediator.evidence_server import GPU4_SERIAL, TOKEN, XID_LINE, Evide
 
 NS = "accel-health"
 REMEDIATOR = "accel-health-remediator"
-REPO = Path(__file__).resolve().parents[2]
 NODES = ("gpu-0", "gpu-1", "gpu-gone")
 POLICY = """
 safety: {max_disrupted_nodes: 10, storm_breaker: {enabled: false}}
@@ -66,14 +64,7 @@ def kubelet(plane: ControlPlane, workdir: Path) -> Iterator[FakeKubelet]:
 @pytest.fixture(scope="module")
 def token(plane: ControlPlane, kubelet: FakeKubelet) -> str:
     """The remediator's ServiceAccount with deploy/'s RBAC as shipped; its token."""
-    rbac = [doc for doc in yaml.safe_load_all((REPO / "deploy/base/remediator-rbac.yaml").read_text()) if doc]
-    account = {
-        "apiVersion": "v1",
-        "kind": "ServiceAccount",
-        "metadata": {"name": REMEDIATOR, "namespace": NS},
-    }
-    apply_objects(plane.admin, [account, *rbac])
-    return plane.service_account_token(NS, REMEDIATOR)
+    return shipped_remediator_account(plane, NS, REMEDIATOR)
 
 
 def captures(plane: ControlPlane, node: str | None = None) -> list[dict[str, Any]]:

@@ -62,7 +62,13 @@ from remediator.repair import (
 from remediator.repairservice import wants_a_look
 from tests.checks.fake_cuda import FakeGpu, h100x8
 from tests.checks.helpers import make_runner
-from tests.kube.controlplane import ControlPlane, apply_objects, eventually, wait_for
+from tests.kube.controlplane import (
+    ControlPlane,
+    apply_objects,
+    eventually,
+    shipped_remediator_account,
+    wait_for,
+)
 from tests.kube.kubelet import FakeKubelet, KubeletSettings
 from tests.kube.test_reconcile import cluster_for
 from tests.remediator.test_aws_executor import CREDENTIALS, REGION, aws_client, health, make_group
@@ -387,14 +393,7 @@ STARTUP = {"key": STARTUP_TAINT.key, "value": STARTUP_TAINT.value, "effect": STA
 @pytest.fixture(scope="module")
 def shipped_rbac(plane: ControlPlane, kubelet: FakeKubelet) -> str:
     """The remediator's ServiceAccount with deploy/'s RBAC, as shipped; its token."""
-    rbac = [doc for doc in yaml.safe_load_all((REPO / "deploy/base/remediator-rbac.yaml").read_text()) if doc]
-    account = {
-        "apiVersion": "v1",
-        "kind": "ServiceAccount",
-        "metadata": {"name": REMEDIATOR, "namespace": NS},
-    }
-    apply_objects(plane.admin, [account, *rbac])
-    return plane.service_account_token(NS, REMEDIATOR)
+    return shipped_remediator_account(plane, NS, REMEDIATOR)
 
 
 def stored_quarantine(plane: ControlPlane, node: str) -> dict[str, Any] | None:
