@@ -22,13 +22,14 @@ UV_VERSION := 0.13.9
 UV := $(BIN)/uv
 EXPORT := $(UV) export --quiet --frozen --no-emit-project --no-header --no-annotate --format requirements-txt
 
+# pip installs only uv; uv installs the rest (with the hashes, from its cache in ~/.cache/uv when it
+# has them: seconds instead of pip's minute and a half on a second checkout).
 $(STAMP): pyproject.toml uv.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet uv==$(UV_VERSION)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 	$(EXPORT) --all-extras --output-file $(VENV)/requirements.txt
-	$(BIN)/python -m pip install --quiet --require-hashes --requirement $(VENV)/requirements.txt
-	$(BIN)/python -m pip install --quiet --no-deps -e .
+	$(UV) pip install --quiet --python $(BIN)/python --require-hashes --requirement $(VENV)/requirements.txt
+	$(UV) pip install --quiet --python $(BIN)/python --no-deps -e .
 	touch $(STAMP)
 
 # Resolves every dependency again at its newest allowed version and rewrites uv.lock.
@@ -51,8 +52,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# mypy's cache lives beside the other caches, so a new checkout of unchanged files checks in seconds
+# (mypy compares a file's hash when its time differs); MYPY_CACHE_DIR=... puts it elsewhere.
+MYPY_CACHE_DIR ?= $(HOME)/.cache/accel-health/mypy
 typecheck: $(STAMP)
-	$(BIN)/mypy
+	MYPY_CACHE_DIR=$(MYPY_CACHE_DIR) $(BIN)/mypy
 
 rules: tools
 	promtool check rules alerts/*.yaml

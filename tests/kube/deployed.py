@@ -75,6 +75,7 @@ from tests.kube.rest import ApiError, Obj, Rest
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "accel-health"
 REMEDIATOR = "accel-health-remediator"
+CHECKS_TOKEN_SECRET = "accel-health-checks-token"
 EXPORTER = "accel-health-exporter"
 WORK_NS = "training"
 GPU_NODE_FIXTURE = REPO / "examples" / "nodes" / "gpu-node-1"
@@ -297,6 +298,10 @@ class Deployment:
     service: ServiceProxy | None = None
     processes: list[Process] = field(default_factory=list)
     token: str = field(default_factory=lambda: secrets.token_hex(32))
+    checks_token: str = field(default_factory=lambda: secrets.token_hex(32))
+    """What the operator patches into `accel-health-checks-token` (where the overlay ships that Secret):
+    the exporters' /checks and /evidence ask for it, the remediator's repair checks and evidence step
+    send it."""
     objects: list[Obj] = field(default_factory=list)
     prometheus_port: int = 0
     alertmanagers: list[str] = field(default_factory=list)
@@ -439,6 +444,11 @@ class Deployment:
             f"/api/v1/namespaces/{NAMESPACE}/secrets/{REMEDIATOR}-token",
             {"data": {"token": base64.b64encode(self.token.encode()).decode()}},
         )
+        if any(o["kind"] == "Secret" and o["metadata"]["name"] == CHECKS_TOKEN_SECRET for o in rendered):
+            self.admin.merge_patch(
+                f"/api/v1/namespaces/{NAMESPACE}/secrets/{CHECKS_TOKEN_SECRET}",
+                {"data": {"token": base64.b64encode(self.checks_token.encode()).decode()}},
+            )
 
     def _crd_established(self, name: str) -> bool:
         crd = self.admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")

@@ -103,6 +103,9 @@ class Running:
     ready: bool = False
     last_probe: float = 0.0
     exited_at: float | None = None
+    projected: list[tuple[Obj, Path]] = field(default_factory=list)
+    """The pod's Secret and ConfigMap volumes and their folders, written again as the objects change."""
+    projected_at: float = 0.0
 
 
 @dataclass
@@ -114,6 +117,9 @@ class KubeletSettings:
     terminate_delay: float = 0.3
     tick: float = 0.2
     """How often the stand-in looks at the pods."""
+    volume_sync: float = 2.0
+    """How often a running pod's Secret and ConfigMap volumes are written again from the API (the
+    kubelet's sync period and cache TTL, about a minute, shortened)."""
 
 
 def _tolerates(pod: Obj, taint: Obj) -> bool:
@@ -433,6 +439,10 @@ class FakeKubelet:
             run.process = self._exec(run.netns, run.spec_file, name=run.process.name)
             self._patch_status(pod, self._status(pod, ip=run.ip, ready=False, restarts=run.restarts))
             return
+        if now - run.projected_at >= self.settings.volume_sync:
+            run.projected_at = now
+            for volume, target in run.projected:
+                self._project(pod, volume, target)
         probe = pod["spec"]["containers"][0].get("readinessProbe")
         period = float((probe or {}).get("periodSeconds", 10)) if probe else 0.5
         if now - run.last_probe < min(period, 1.0):
@@ -506,7 +516,6 @@ class FakeKubelet:
 
     def _volume_source(self, pod: Obj, volume: Obj, pod_dir: Path) -> Path:
         name = volume["name"]
-        ns = pod["metadata"]["namespace"]
         target: Path = pod_dir / "volumes" / name
         if "hostPath" in volume:
             node_root = self.nodes[pod["spec"]["nodeName"]]
@@ -519,30 +528,46 @@ class FakeKubelet:
                     )
                 host.mkdir(parents=True, exist_ok=True)
             return host
-        for source_kind, api in (("secret", "secrets"), ("configMap", "configmaps")):
-            if source_kind in volume:
-                src = volume[source_kind]
-                obj_name = src.get("secretName") or src.get("name")
-                obj = self.plane.admin.get(f"/api/v1/namespaces/{ns}/{api}/{obj_name}")
-                data = obj.get("data") or {}
-                target.mkdir(parents=True, exist_ok=True)
-                items = src.get("items") or [{"key": k, "path": k} for k in data]
-                mode = int(src.get("defaultMode", 0o644))
-                for item in items:
-                    if item["key"] not in data:
-                        raise KeyError(f"{source_kind} {ns}/{obj_name} has no key {item['key']}")
-                    value = data[item["key"]]
-                    raw = base64.b64decode(value) if source_kind == "secret" else value.encode()
-                    out = target / item["path"]
-                    out.parent.mkdir(parents=True, exist_ok=True)
-                    out.write_bytes(raw)
-                    out.chmod(int(item.get("mode", mode)))
-                return target
+        if "secret" in volume or "configMap" in volume:
+            target.mkdir(parents=True, exist_ok=True)
+            self._project(pod, volume, target, ownership=False)
+            return target
         if "emptyDir" in volume:
             target.mkdir(parents=True, exist_ok=True)
             target.chmod(0o777)
             return target
         raise ValueError(f"volume {name}: kind not played by the kubelet stand-in: {sorted(volume)}")
+
+    def _project(self, pod: Obj, volume: Obj, target: Path, *, ownership: bool = True) -> None:
+        """Write a Secret or ConfigMap volume's files from the object as the API has it now: at the
+        pod's start, then again every `volume_sync` (a value set after the pod started, such as the
+        checks token an operator patches in, reaches it as in a cluster). Each changed file is
+        replaced by a rename, so a reader sees the old content or the new, never half of it."""
+        ns = pod["metadata"]["namespace"]
+        source_kind, api = ("secret", "secrets") if "secret" in volume else ("configMap", "configmaps")
+        src = volume[source_kind]
+        obj_name = src.get("secretName") or src.get("name")
+        obj = self.plane.admin.get(f"/api/v1/namespaces/{ns}/{api}/{obj_name}")
+        data = obj.get("data") or {}
+        items = src.get("items") or [{"key": k, "path": k} for k in data]
+        mode = int(src.get("defaultMode", 0o644))
+        changed = False
+        for item in items:
+            if item["key"] not in data:
+                raise KeyError(f"{source_kind} {ns}/{obj_name} has no key {item['key']}")
+            value = data[item["key"]]
+            raw = base64.b64decode(value) if source_kind == "secret" else value.encode()
+            out = target / item["path"]
+            if out.is_file() and out.read_bytes() == raw:
+                continue
+            out.parent.mkdir(parents=True, exist_ok=True)
+            staged = out.with_name(f".{out.name}.new")
+            staged.write_bytes(raw)
+            staged.chmod(int(item.get("mode", mode)))
+            staged.replace(out)
+            changed = True
+        if changed and ownership:
+            _set_volume_ownership(target, _fs_group(pod), read_only=True)
 
     def _start_process(self, pod: Obj, key: str) -> Running:
         assert self.network is not None
@@ -552,9 +577,13 @@ class FakeKubelet:
         pod_dir.mkdir(parents=True, exist_ok=True)
         volumes = {v["name"]: v for v in spec.get("volumes") or []}
         mounts: list[tuple[str, str, bool]] = []
+        projected: list[tuple[Obj, Path]] = []
         for vm in container.get("volumeMounts") or []:
-            volume_dir = self._volume(pod, volumes[vm["name"]], pod_dir)
+            volume = volumes[vm["name"]]
+            volume_dir = self._volume(pod, volume, pod_dir)
             mounts.append((str(volume_dir), vm["mountPath"], bool(vm.get("readOnly"))))
+            if ("secret" in volume or "configMap" in volume) and not vm.get("subPath"):
+                projected.append((volume, volume_dir))
         sa_name = spec.get("serviceAccountName") or "default"
         automount = spec.get("automountServiceAccountToken")
         if automount is None:
@@ -605,6 +634,8 @@ class FakeKubelet:
             netns=netns,
             process=self._exec(netns, spec_file, name=name),
             spec_file=spec_file,
+            projected=projected,
+            projected_at=time.monotonic(),
         )
 
     def _exec(self, netns: str, spec_file: Path, *, name: str) -> Process:

@@ -7,28 +7,33 @@ A fatal Xid written to a node's kernel log must end, with nothing else in betwee
 with its AcceleratorHealthy condition False, its pods evicted through the Eviction API under the
 PodDisruptionBudgets the disruption controller enforces, DaemonSet and mirror pods left alone, and
 Events telling the story; killing the leader mid-drain must not stop the drain nor repeat any of it.
-A quarantine's durable copy (a ConfigMap) is deleted when a human hands the node back, and every
-shipped RBAC rule is used, none refused.
+Before the drain, the node's evidence is fetched from its exporter with the checks token the operator
+set and stored in one immutable ConfigMap. A quarantine's durable copy (a ConfigMap) is deleted when a
+human hands the node back, and every shipped RBAC rule is used, none refused.
 The leader reads every member of the Alertmanager cluster the manifests name, and honours a silence.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes.aio import client as k8s
 
+from remediator.evidence.store import DATA_KEY, EVIDENCE_LABEL, NODE_LABEL
 from remediator.executors.kubernetes import KubernetesCluster
 from tests.alertmanager_process import rfc3339
 from tests.kube.conftest import deployed_skip_reason
 from tests.kube.controlplane import wait_for
 from tests.kube.deployed import (
     ALWAYS_CONNECTED,
+    EXPORTER,
     NAMESPACE,
     REMEDIATOR,
     WORK_NS,
@@ -208,6 +213,46 @@ def test_a_fatal_xid_cordons_and_drains_its_node_through_the_whole_chain(cluster
         assert cluster.node(name)["metadata"]["resourceVersion"] == version, name
     evictions = [e for e in _audit(cluster) if e["objectRef"].get("subresource") == "eviction"]
     assert {e["objectRef"]["name"] for e in evictions if e["responseStatus"]["code"] == 201} == trainers
+
+
+def test_the_nodes_evidence_is_fetched_from_its_exporter_and_stored_before_the_drain(
+    cluster: Deployment,
+) -> None:
+    """The shipped default policy's evidence step, as deployed: the leader fetches the node's
+    exporter's /evidence with the checks token the operator set in `accel-health-checks-token` (mounted
+    into both the exporter and the remediator from the image), and stores it, with its own part, in one
+    immutable ConfigMap before the drain starts."""
+    node = "gpu-node-1"
+    wait_for("the capture's Event", lambda: _has_reason(cluster, node, "AccelEvidenceCaptured"), timeout=60)
+    reasons = [e["reason"] for e in cluster.events(node)]
+    assert "AccelEvidenceCaptureFailed" not in reasons, reasons
+    captures = cluster.admin.items(
+        f"/api/v1/namespaces/{NAMESPACE}/configmaps",
+        labelSelector=f"{EVIDENCE_LABEL}=true,{NODE_LABEL}={node}",
+    )
+    assert len(captures) == 1, [c["metadata"]["name"] for c in captures]
+    [capture] = captures
+    assert capture.get("immutable") is True
+    doc = json.loads(capture["data"][DATA_KEY])
+    exporter_part = doc["node_evidence"]
+    assert exporter_part is not None, doc.get("notes")
+    assert exporter_part["node"] == node
+    lines = [r["line"] for group in exporter_part["records"] for r in group["first"]]
+    assert any("Xid (PCI:0000:9d:00): 79" in line for line in lines), lines
+    assert any(a["alertname"] == "AccelGPUFatalXid" for a in doc["alerts"]), doc["alerts"]
+    # Captured before the drain began: the drain's first eviction comes after the ConfigMap's creation.
+    created = _parse(capture["metadata"]["creationTimestamp"])
+    evictions = [
+        _parse(e["requestReceivedTimestamp"])
+        for e in _audit(cluster)
+        if e["objectRef"].get("subresource") == "eviction" and e["objectRef"].get("namespace") == WORK_NS
+    ]
+    assert evictions
+    assert created <= min(evictions), (created, evictions)
+
+
+def _parse(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def test_kubectl_describe_node_tells_the_story_in_events(cluster: Deployment) -> None:
@@ -408,7 +453,9 @@ def test_every_connection_the_pods_made_is_one_the_rendered_network_policies_all
     """Last, after the scenarios above: each connection a pod opened or accepted, as its network
     namespace tracked it, is one the enforce overlay's NetworkPolicies admit (no network plugin
     enforces them here), and the connections every run makes were seen, the Alertmanager webhooks
-    of the fault included."""
+    and the evidence step's fetch from the faulty node's exporter included."""
     webhook = ("monitoring/alertmanager", f"{NAMESPACE}/{REMEDIATOR}", 9836, "TCP")
-    flows = check_network_policies(cluster, expected=ALWAYS_CONNECTED | {webhook})
+    # The evidence step's GET /evidence on the faulty node's exporter pod.
+    evidence = (f"{NAMESPACE}/{REMEDIATOR}", f"{NAMESPACE}/{EXPORTER}", 9835, "TCP")
+    flows = check_network_policies(cluster, expected=ALWAYS_CONNECTED | {webhook, evidence})
     logger.info("connections seen:\n%s", "\n".join(map(str, flows)))
