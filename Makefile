@@ -69,8 +69,12 @@ rules: tools
 rules-engines: setup
 	$(BIN)/python -m scripts.compare_rule_engines
 
+# The suite waits on servers more than it computes: two workers (pytest-xdist, each module on one
+# worker, in order) take it from 12 to about 7.5 minutes on 2 cores. PYTEST_WORKERS=0 runs it in
+# this process.
+PYTEST_WORKERS ?= 2
 unit: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 # Rewrites the objects in deploy/ rendered from alerts/*.yaml, examples/alertmanager.yaml,
 # dashboards/*.json and remediator/default_policy.yaml. `make test` fails while they are stale

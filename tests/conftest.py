@@ -1,5 +1,7 @@
 """Fixtures shared across the test packages: an AWS API (moto server) per test module, each starting
-from an empty AWS state."""
+from an empty AWS state. The modules that run real Prometheus, Alertmanager or a deployed control plane
+(marked `e2e`) are collected first, so that `make test`'s workers (pytest-xdist, one module at a
+time per worker) start with the longest and finish together."""
 
 from __future__ import annotations
 
@@ -16,6 +18,13 @@ def reset_moto(url: str) -> None:
     reset = urllib.request.Request(f"{url}/moto-api/reset", method="POST")  # noqa: S310  local http://
     with urllib.request.urlopen(reset, timeout=10) as resp:  # noqa: S310  a local http:// URL
         assert resp.status == 200
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with an e2e test first; the order within a module, and otherwise, is kept (a stable
+    sort on the module), since a module's tests may build on the ones before them."""
+    heavy = {item.path for item in items if item.get_closest_marker("e2e")}
+    items.sort(key=lambda item: item.path not in heavy)
 
 
 @pytest.fixture(scope="module")
