@@ -10,7 +10,9 @@ STAMP := $(VENV)/.installed
 demo: setup
 	$(BIN)/python -m examples.demo
 
-test: setup lint typecheck rules rules-engines control-plane image unit
+# Every promtool test on VictoriaMetrics too (`make rules-engines`) runs inside `unit`, one pytest test
+# per file (tests/test_rules_engines.py), beside the suite's other work.
+test: setup lint typecheck rules control-plane image unit
 
 setup: $(STAMP) tools
 

@@ -1,7 +1,8 @@
 """The rules give the same verdicts on Prometheus and on VictoriaMetrics (vmalert, MetricsQL).
 
-`make rules-engines` (part of `make test`) runs every promtool test through both engines' own rule
-test runners (scripts/compare_rule_engines.py). These tests cover what that comparison relies on: the
+Every promtool test file runs through both engines' own rule test runners
+(scripts/compare_rule_engines.py, one test per file here; `make rules-engines` runs them all alone).
+The other tests cover what that comparison relies on: the
 comparison itself finds an engine difference and holds it against the list in alerts/README.md (real
 promtool and vmalert-tool on a small rule that differs); the list names checks that exist; the Xid
 numbers that gpu-xid.yaml repeats outside its class table (so that no rule reads a class recorded in
@@ -11,6 +12,8 @@ recorded in its own group unless its difference is listed.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import shutil
 import subprocess
@@ -31,6 +34,9 @@ from scripts.compare_rule_engines import (
     parse_failures,
     split_groups,
     victoria_metrics_bin,
+)
+from scripts.compare_rule_engines import (
+    main as compare_engines,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -313,3 +319,18 @@ def test_the_exporter_series_carry_no_pod_name_in_either_shipped_scrape_configur
     for monitor in service_monitors:
         for endpoint in monitor["spec"]["endpoints"]:
             assert drop in endpoint["metricRelabelings"], monitor["metadata"]["name"]
+
+
+# -- every promtool test file on both engines ------------------------------------------------------
+
+
+@pytest.mark.parametrize("test_file", sorted(p.name for p in TESTS_DIR.glob("*.yaml")))
+def test_promtool_and_vmalert_tool_give_the_same_verdicts_on(test_file: str) -> None:
+    """Each test group of the file through promtool and vmalert-tool: a verdict that differs fails
+    unless alerts/README.md lists it with its reason, and a listed one that no longer occurs fails."""
+    if not shutil.which("promtool") or victoria_metrics_bin(install=False) is None:
+        pytest.skip("needs promtool and vmalert-tool (make tools installs them)")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        code = compare_engines([str(TESTS_DIR / test_file), "--jobs", "2"])
+    assert code == 0, out.getvalue()
