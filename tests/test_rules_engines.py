@@ -35,9 +35,7 @@ from scripts.compare_rule_engines import (
     split_groups,
     victoria_metrics_bin,
 )
-from scripts.compare_rule_engines import (
-    main as compare_engines,
-)
+from scripts.compare_rule_engines import main as compare_engines
 
 REPO = Path(__file__).resolve().parent.parent
 ALERTS = REPO / "alerts"

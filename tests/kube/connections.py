@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.deploy.netpol import Endpoint, Outside, Pod, allowed
+from tests.kube.controlplane import Repeating
 
 logger = logging.getLogger("tests.kube.connections")
 _FIELD = re.compile(r"(\w+)=(\S+)")
@@ -85,21 +86,15 @@ class ConnectionRecorder:
     errors: list[str] = field(default_factory=list)
     """Tables that could not be read (a pod namespace going away mid-read), for the test's eyes."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    _poller: Repeating | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="connection-recorder", daemon=True)
-        self._thread.start()
+        self._poller = Repeating(self.poll, self.interval, "connection-recorder")
+        self._poller.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.poll()
+        if self._poller is not None:
+            self._poller.stop()
 
     def poll(self) -> set[Connection]:
         """Read every table now; returns everything recorded so far."""

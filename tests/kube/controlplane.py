@@ -23,6 +23,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
@@ -83,6 +84,31 @@ async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 10.0
             if await check():
                 return
             await asyncio.sleep(0.1)
+
+
+@dataclass
+class Repeating:
+    """Calls `action` every `interval` seconds on a daemon thread of its own, from `start` to `stop`:
+    the harness's pollers (pod discovery, the connection recorder)."""
+
+    action: Callable[[], object]
+    interval: float
+    name: str
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.action()
 
 
 def cordoned(plane: ControlPlane) -> list[str]:

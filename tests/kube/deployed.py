@@ -42,7 +42,6 @@ import json
 import re
 import secrets
 import shutil
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -61,6 +60,7 @@ from tests.kube.connections import AddressBook, ConnectionRecorder, Flow, Peer, 
 from tests.kube.controlplane import (
     ControlPlane,
     Process,
+    Repeating,
     apply_objects,
     deployment,
     spawn,
@@ -200,8 +200,7 @@ class PodDiscovery:
     extra_pods: list[Obj] = field(default_factory=list)
     """Pods discovered besides the API server's (see Deployment.extra_pods)."""
     _configs: dict[Path, Obj] = field(default_factory=dict)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    _poller: Repeating | None = None
 
     def watch(self, name: str, sd: Obj) -> Path:
         if sd.get("role") != "pod":
@@ -214,18 +213,16 @@ class PodDiscovery:
 
     def start(self) -> None:
         self.sync()
-        self._thread = threading.Thread(target=self._loop, name="pod-discovery", daemon=True)
-        self._thread.start()
+        self._poller = Repeating(self._sync_quietly, 0.5, "pod-discovery")
+        self._poller.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        if self._poller is not None:
+            self._poller.stop()
 
-    def _loop(self) -> None:
-        while not self._stop.wait(0.5):
-            with contextlib.suppress(OSError, ApiError):
-                self.sync()
+    def _sync_quietly(self) -> None:
+        with contextlib.suppress(OSError, ApiError):
+            self.sync()
 
     def sync(self) -> None:
         pods = self.rest.items("/api/v1/pods") + self.extra_pods

@@ -528,7 +528,7 @@ class FakeKubelet:
                     )
                 host.mkdir(parents=True, exist_ok=True)
             return host
-        if "secret" in volume or "configMap" in volume:
+        if _projected(volume):
             target.mkdir(parents=True, exist_ok=True)
             self._project(pod, volume, target, ownership=False)
             return target
@@ -582,7 +582,7 @@ class FakeKubelet:
             volume = volumes[vm["name"]]
             volume_dir = self._volume(pod, volume, pod_dir)
             mounts.append((str(volume_dir), vm["mountPath"], bool(vm.get("readOnly"))))
-            if ("secret" in volume or "configMap" in volume) and not vm.get("subPath"):
+            if _projected(volume) and not vm.get("subPath"):
                 projected.append((volume, volume_dir))
         sa_name = spec.get("serviceAccountName") or "default"
         automount = spec.get("automountServiceAccountToken")
@@ -745,6 +745,11 @@ class FakeKubelet:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(run.process.popen.pid, signal.SIGKILL)
+
+
+def _projected(volume: Obj) -> bool:
+    """A Secret or ConfigMap volume: files the kubelet writes from an API object, and keeps writing."""
+    return "secret" in volume or "configMap" in volume
 
 
 def _fs_group(pod: Obj) -> int | None:
