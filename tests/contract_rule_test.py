@@ -139,8 +139,7 @@ def _nvml_series(gpus: Iterable[Mapping[str, str]], *, lost: str | None) -> dict
                 )
         for cause in ("correctable", "uncorrectable"):
             add("accel_gpu_remapped_rows", {**gpu, "cause": cause}, 0)
-        add("accel_gpu_remapped_rows_pending", gpu, 0)
-        add("accel_gpu_remapped_rows_failure", gpu, 0)
+        add("accel_gpu_remapped_rows_pending", gpu, 0)  # accel_gpu_remapped_rows_failure: only once failed
         for link in ("current", "max"):
             add("accel_gpu_pcie_link_generation", {**gpu, "link": link}, 5)
             add("accel_gpu_pcie_link_width", {**gpu, "link": link}, 16)

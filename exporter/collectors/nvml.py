@@ -51,7 +51,9 @@ def _counter(name: str, documentation: str, *extra: str) -> FamilySpec:
 
 
 UP = _gauge("accel_gpu_nvml_up", "Whether NVML answered for the GPU in this scrape (1) or not (0).")
-LOST = _gauge("accel_gpu_lost", "1 for a GPU NVML reports as lost (NVML_ERROR_GPU_IS_LOST).")
+LOST = _gauge(
+    "accel_gpu_lost", "1 for a GPU NVML reports as lost (NVML_ERROR_GPU_IS_LOST); no series otherwise."
+)
 STUCK = _gauge(
     "accel_gpu_nvml_call_stuck_seconds",
     "How long an NVML call for the GPU has been outstanding after it exceeded a scrape's bound.",
@@ -65,7 +67,10 @@ ECC = _gauge(
 )
 REMAPPED = _gauge("accel_gpu_remapped_rows", "Rows remapped, by the kind of error that caused it.", "cause")
 REMAP_PENDING = _gauge("accel_gpu_remapped_rows_pending", "1 while a row remap waits for a GPU reset.")
-REMAP_FAILURE = _gauge("accel_gpu_remapped_rows_failure", "1 when a row remap failed.")
+REMAP_FAILURE = _gauge(
+    "accel_gpu_remapped_rows_failure",
+    "1 for a GPU whose row remap failed; no series while none failed (like accel_gpu_lost).",
+)
 RETIRED = _gauge("accel_gpu_retired_pages", "Memory pages retired, by cause.", "cause")
 RETIRED_PENDING = _gauge(
     "accel_gpu_retired_pages_pending", "1 while retired pages wait for the next driver reload."
@@ -227,7 +232,8 @@ class _Families:
             families[REMAPPED].add((*labels, "correctable"), rows.correctable)
             families[REMAPPED].add((*labels, "uncorrectable"), rows.uncorrectable)
             families[REMAP_PENDING].add(labels, int(rows.pending))
-            families[REMAP_FAILURE].add(labels, int(rows.failure))
+            if rows.failure:  # fast path, read every 2 s on every node: a series only where it failed
+                families[REMAP_FAILURE].add(labels, 1)
         if (pages := gpu.retired_pages) is not None:
             _put(families[RETIRED], (*labels, "single_bit_ecc"), pages.single_bit_ecc)
             _put(families[RETIRED], (*labels, "double_bit_ecc"), pages.double_bit_ecc)

@@ -53,7 +53,7 @@ AER = FamilySpec(
 )
 AER_REPORTS = FamilySpec(
     "accel_pcie_aer_error_reports",
-    "PCIe AER error reports by severity (TOTAL_ERR_* lines).",
+    "PCIe AER error reports by severity (TOTAL_ERR_* lines); the fatal count is exported once above 0.",
     "counter",
     (*_DEVICE_LABELS, "severity"),
 )
@@ -91,6 +91,8 @@ def pci_metrics(devices: Sequence[PciDevice], *, gpu_uuids: Mapping[str, str]) -
             for error, value in sorted(counters.errors.items()):
                 if value:  # ~44 names per device, nearly always 0: a name appears with its first error
                     aer.add((*labels, counters.severity, error), value)
-            if counters.total is not None:
+            # The fatal count is on the fast path, read every 2 s on every node: a series only where a
+            # fatal report was counted (AccelPCIeFatalAERError fires on any), as with Xids.
+            if counters.total is not None and (counters.total or counters.severity != "fatal"):
                 aer_reports.add((*labels, counters.severity), counters.total)
     return [count, info, *speed.values(), *width.values(), *bandwidth.values(), aer, aer_reports]

@@ -87,10 +87,16 @@ def variables(dashboard: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def known_series() -> set[str]:
+    """Every name the exporter's golden output and the NVML fixture hold or declare: a family that
+    exists only where something is wrong (a lost GPU, a Neuron error kind) is declared by its TYPE
+    line with no samples on a healthy node."""
     names = {"ALERTS", "up"} | REMEDIATOR_METRICS | set(PENDING_METRICS)
     for path in [*GOLDEN.glob("*.prom"), NVML_FIXTURE]:
         for line in path.read_text().splitlines():
-            if line and not line.startswith("#"):
+            if line.startswith("# TYPE "):
+                _, _, name, kind = line.split(maxsplit=3)
+                names.add(name + "_total" if kind == "counter" and not name.endswith("_total") else name)
+            elif line and not line.startswith("#"):
                 names.add(re.split(r"[{ ]", line, maxsplit=1)[0])
     return names
 

@@ -96,6 +96,7 @@ def test_garbage_neuron_counter_is_skipped_not_zero(tmp_path: Path) -> None:
     root = copy_tree(TRN_NODE, tmp_path)
     hardware = root / "devices" / "virtual" / "neuron_device" / "neuron7" / "stats" / "hardware"
     (hardware / "mem_ecc_uncorrected" / "total").write_text("\x00\x00garbage")
+    (hardware / "sram_ecc_uncorrected" / "total").write_text("2\n")  # a kind appears once above 0
     reg = registry(root)
     assert (
         reg.get_sample_value(
@@ -107,7 +108,7 @@ def test_garbage_neuron_counter_is_skipped_not_zero(tmp_path: Path) -> None:
         reg.get_sample_value(
             "accel_neuron_sysfs_hardware_errors_total", {"neuron_device": "7", "kind": "sram_ecc_uncorrected"}
         )
-        == 0
+        == 2
     )
     assert health(reg, "neuron") == (0, 1, 1)
 

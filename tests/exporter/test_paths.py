@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import shutil
 import urllib.request
 from collections.abc import Iterator
@@ -84,20 +85,21 @@ def test_fast_and_slow_split_everything_once_and_fast_holds_only_what_acts(
     assert fast.keys() | slow.keys() == everything.keys()
     assert {key: everything[key] for key in fast} == fast  # the brief reads give the same values
     assert {name for name, _ in fast} <= set(FAST)
-    # What a node with 8 GPUs and 8 InfiniBand ports serves fast, every 2 s as shipped.
-    names = [name for name, _ in fast]
-    assert names.count("accel_gpu_xid_errors_total") == 2
-    assert names.count("accel_nvswitch_sxid_errors_total") == 1
-    assert names.count("accel_infiniband_port_state") == 8
-    assert names.count("accel_infiniband_port_link_downed_total") == 8
-    assert names.count("accel_gpu_remapped_rows_failure") == 8
-    aer = {dict(labels)["severity"] for name, labels in fast if name == "accel_pcie_aer_error_reports_total"}
-    assert aer == {"fatal"}
+    # What a node with 8 GPUs and 8 InfiniBand ports serves fast, every 2 s as shipped: its three
+    # InfiniBand counters per port, and the series of the faults it has (2 Xids, 1 SXid); no device
+    # count, port state, lost-GPU, row-remap or AER series while nothing is wrong with them.
+    names = collections.Counter(name for name, _ in fast)
+    assert names == {
+        "accel_gpu_xid_errors_total": 2,
+        "accel_nvswitch_sxid_errors_total": 1,
+        **{f"accel_infiniband_port_{counter}_total": 8 for counter in FAST_INFINIBAND_COUNTERS},
+    }
+    assert ("accel_pci_devices", (("vendor", "nvidia"),)) in slow
+    assert any(name == "accel_infiniband_port_state" for name, _ in slow)
     assert any(
         name == "accel_pcie_aer_error_reports_total" and dict(labels)["severity"] == "nonfatal"
         for name, labels in slow
     )
-    assert len(fast) <= 60
     # Health series stay on the slow path, for every collector.
     assert not any(name.startswith("accel_exporter_") for name, _ in fast)
     assert {dict(labels)["collector"] for name, labels in slow if name == "accel_exporter_collector_up"} == {
@@ -108,6 +110,26 @@ def test_fast_and_slow_split_everything_once_and_fast_holds_only_what_acts(
         "nvml",
     }
 
+
+
+def test_a_fatal_aer_report_and_a_failed_row_remap_appear_on_the_fast_path(
+    tmp_path: Path, nvml: tuple[FakeNvml, PynvmlReader]
+) -> None:
+    fake, reader = nvml
+    root = tmp_path / "sys"
+    shutil.copytree(GPU_NODE / "sys", root, symlinks=True)
+    aer = root / "bus/pci/devices/0000:bd:01.0/0000:c3:00.0/aer_dev_fatal"
+    aer.write_text(aer.read_text().replace("TOTAL_ERR_FATAL 0", "TOTAL_ERR_FATAL 1"))
+    fake.gpus[2]["remapped_rows"] = [0, 1, 0, 1]
+    brief = build_sources(ExporterSettings(sysfs_root=root), kmsg=None, nvml=reader, brief=True)
+    fast = _series(generate_text(build_registry(brief, "fast")))
+    found = {(name, dict(labels).get("gpu")): value for (name, labels), value in fast.items()}
+    assert found[("accel_pcie_aer_error_reports_total", "5")] == 1
+    assert found[("accel_gpu_remapped_rows_failure", "2")] == 1
+    assert {key for key in found if not key[0].startswith("accel_infiniband_")} == {
+        ("accel_pcie_aer_error_reports_total", "5"),
+        ("accel_gpu_remapped_rows_failure", "2"),
+    }
 
 def test_the_fast_nvml_read_asks_only_for_lost_gpus_and_row_remaps(
     nvml: tuple[FakeNvml, PynvmlReader],
@@ -162,10 +184,13 @@ def test_the_brief_infiniband_read_opens_only_state_and_the_fast_counters(tmp_pa
 def test_a_neuron_node_serves_its_ecc_kinds_fast_and_the_rest_slow(tmp_path: Path) -> None:
     root = tmp_path / "sys"
     shutil.copytree(TRN_NODE / "sys", root, symlinks=True)
-    other = root / "devices/virtual/neuron_device/neuron0/stats/hardware/sram_ecc_corrected"
+    hardware = root / "devices/virtual/neuron_device/neuron0/stats/hardware"
+    other = hardware / "sram_ecc_corrected"
     other.mkdir()
     (other / "total").write_text("3\n")
     (other / "present").write_text("3\n")
+    for kind in ("mem_ecc_uncorrected", "sram_ecc_uncorrected", "mem_ecc_repairable_uncorrected"):
+        (hardware / kind / "total").write_text("1\n")  # a kind is a series once above 0
     sources = build_sources(ExporterSettings(sysfs_root=root), kmsg=None, nvml=None)
     families = list(build_registry(sources).collect())
     neuron = "accel_neuron_sysfs_hardware_errors_total"
@@ -173,6 +198,10 @@ def test_a_neuron_node_serves_its_ecc_kinds_fast_and_the_rest_slow(tmp_path: Pat
     slow = {s.labels["kind"] for f in cut(families, "slow") for s in f.samples if s.name == neuron}
     assert fast == {"mem_ecc_uncorrected", "sram_ecc_uncorrected", "mem_ecc_repairable_uncorrected"}
     assert slow == {"sram_ecc_corrected"}
+    # The other devices, with no error of any kind, serve nothing fast.
+    assert {
+        s.labels["neuron_device"] for f in cut(families, "fast") for s in f.samples if s.name == neuron
+    } == {"0"}
 
 
 @pytest.fixture
