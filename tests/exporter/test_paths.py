@@ -111,7 +111,6 @@ def test_fast_and_slow_split_everything_once_and_fast_holds_only_what_acts(
     }
 
 
-
 def test_a_fatal_aer_report_and_a_failed_row_remap_appear_on_the_fast_path(
     tmp_path: Path, nvml: tuple[FakeNvml, PynvmlReader]
 ) -> None:
@@ -130,6 +129,7 @@ def test_a_fatal_aer_report_and_a_failed_row_remap_appear_on_the_fast_path(
         ("accel_pcie_aer_error_reports_total", "5"),
         ("accel_gpu_remapped_rows_failure", "2"),
     }
+
 
 def test_the_fast_nvml_read_asks_only_for_lost_gpus_and_row_remaps(
     nvml: tuple[FakeNvml, PynvmlReader],
