@@ -30,9 +30,10 @@ from exporter.collectors.framework import Source, SourcesCollector
 from exporter.evidence import EvidenceEndpoint, EvidenceSources, EvidenceStore, check_summary
 from exporter.exposition import CONTENT_TYPE, generate_text
 from exporter.metric import CollectorRegistry
-from exporter.paths import PathCollector
+from exporter.paths import FAST_INFINIBAND_COUNTERS, PathCollector
 from exporter.readers.kmsg import KmsgFollower, KmsgStateStore
 from exporter.readers.nvml import DEFAULT_TIMEOUT, PynvmlReader
+from exporter.rises import CounterRises
 from exporter.server import IPv6Server, Request, RequestHandler, Response, Server
 from exporter.sources import ExporterSettings, build_registry, build_sources
 
@@ -78,8 +79,9 @@ def _parser() -> argparse.ArgumentParser:
         "--state-dir",
         type=Path,
         metavar="DIR",
-        help="keep kernel-log counts here (a hostPath) so a restart within one boot neither loses "
-        "events the ring buffer has overwritten nor counts any twice",
+        help="keep kernel-log counts, InfiniBand counter readings and evidence here (a hostPath) so a "
+        "restart within one boot neither loses events (overwritten in the ring buffer, or while no "
+        "exporter ran) nor counts any twice",
     )
     parser.add_argument("--nvml", choices=("auto", "on", "off"), default="auto")
     parser.add_argument(
@@ -297,9 +299,13 @@ def _handler(
 ) -> type[RequestHandler]:
     """The HTTP handler over the three scrape paths (see :mod:`exporter.paths`) and /evidence."""
     store = evidence.store
-    sources = build_sources(settings, kmsg=follower, nvml=nvml, evidence=store)
+    rises = CounterRises(
+        FAST_INFINIBAND_COUNTERS, directory=settings.state_dir, boot_id_path=settings.boot_id_path
+    )
+    rises.load()
+    sources = build_sources(settings, kmsg=follower, nvml=nvml, evidence=store, rises=rises)
     sources.extend([checks_source(endpoint.runner, scheduler)] if endpoint is not None else [])
-    brief = build_sources(settings, kmsg=follower, nvml=nvml, brief=True, evidence=store)
+    brief = build_sources(settings, kmsg=follower, nvml=nvml, brief=True, evidence=store, rises=rises)
     full, slow = CollectorRegistry(), CollectorRegistry()
     collector = SourcesCollector(sources)  # one, so a source going down is logged once
     full.register(collector)

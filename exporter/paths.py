@@ -7,8 +7,8 @@ temperatures, device counts, port states and link widths can wait a minute. The 
 serves
 
 - ``/metrics/fast``: the series listed in :data:`FAST` and nothing else (no collector health), read
-  with each source's brief read (NVML: lost GPUs and remapped-row state only; InfiniBand: the error
-  counters of :data:`FAST_INFINIBAND_COUNTERS`). Scraped every 2 s as shipped.
+  with each source's brief read (NVML: lost GPUs and remapped-row state only; InfiniBand: the
+  counters of :data:`FAST_INFINIBAND_COUNTERS`, whose rises it serves). Scraped every 2 s as shipped.
 - ``/metrics/slow``: every other series, the collectors' health series included. Scraped every 60 s.
 - ``/metrics``: both together, for a single scrape job or a look with curl. Never scrape it next to
   the other two: each series would be stored twice.
@@ -17,11 +17,11 @@ The partition is by family and, for a few families, by row (the fatal AER report
 its non-fatal and correctable ones slow), so a series is on exactly one of the two paths and the rules
 read it under one ``job``. Adding a series to :data:`FAST` costs one sample per node every 2 s, and
 one read per node every second in the rule group that watches it (about 20 microseconds each: at
-2,000 nodes, 16 series a node are a third of a second of every second). So the fast families are,
-but for the InfiniBand counters, ones that exist only where something is wrong: an Xid, SXid or
-Neuron kernel-log count exists from its first record, a lost GPU or a failed row remap from the read
-that saw it, a fatal AER count or a Neuron uncorrectable-error kind from its first error. A healthy
-GPU node serves its 24 InfiniBand counters there and nothing else; keep it so.
+2,000 nodes, 16 series a node are a third of a second of every second). So every fast family exists
+only where something is wrong: an Xid, SXid or Neuron kernel-log count from its first record, a lost
+GPU or a failed row remap from the read that saw it, a fatal AER count or a Neuron
+uncorrectable-error kind from its first error, an InfiniBand counter's rises from its first rise. A
+healthy node serves nothing there (its fast scrape is Prometheus' own five series); keep it so.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ FAST_NEURON_KINDS = frozenset(
 FAST_INFINIBAND_COUNTERS = frozenset(
     {"link_downed", "local_link_integrity_errors", "excessive_buffer_overrun_errors"}
 )
-"""sysfs port counters (``counters/<name>``) whose first increase cordons a node (alerts/infiniband.yaml)."""
+"""sysfs port counters (``counters/<name>``) whose first increase cordons a node (alerts/infiniband.yaml):
+the fast path serves their rises (:mod:`exporter.rises`), the slow path the counters themselves."""
 
 FAST: Mapping[str, RowFilter] = {
     # Kernel log (already in memory: free to serve every scrape).
@@ -62,8 +63,8 @@ FAST: Mapping[str, RowFilter] = {
     # NVML: lost GPUs, failed row remaps (a GPU's series only while it is so).
     "accel_gpu_lost": None,
     "accel_gpu_remapped_rows_failure": None,
-    # InfiniBand: the counters whose first increase cordons (every port, zero or not).
-    **{f"accel_infiniband_port_{name}_total": None for name in sorted(FAST_INFINIBAND_COUNTERS)},
+    # InfiniBand: the rises of the counters whose first increase cordons (from the first rise).
+    "accel_infiniband_port_events_seen_total": None,
 }
 """Series name -> which of its series are on the fast path (every one when None)."""
 

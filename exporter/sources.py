@@ -38,6 +38,7 @@ from exporter.readers.sysfs import (
     read_neuron_devices,
     read_pci_accelerators,
 )
+from exporter.rises import CounterRises
 
 NvmlMode = Literal["auto", "on", "off"]
 
@@ -101,14 +102,16 @@ def build_sources(
     nvml: NvmlReader | None,
     brief: bool = False,
     evidence: EvidenceStore | None = None,
+    rises: CounterRises | None = None,
 ) -> list[Source]:
     """The sources, in scrape order; ``kmsg``/``nvml`` None leaves that source out.
 
     The ``pci`` source runs first and reads the PCI bus once per scrape; the ``kmsg`` source labels
     its series with the GPU indices from that same read. ``brief`` sources (the fast path's, see
     :mod:`exporter.paths`) read only what that path serves: NVML's count, lost GPUs and row-remap
-    state, InfiniBand port state and the counters of :data:`FAST_INFINIBAND_COUNTERS`. ``evidence``
-    is handed every InfiniBand port reading (a ``link_downed`` increase is evidence).
+    state, the InfiniBand counters of :data:`FAST_INFINIBAND_COUNTERS` (their rises). ``evidence`` is
+    handed every InfiniBand port reading (a ``link_downed`` increase is evidence), and so is ``rises``
+    (hand the fast and the full sources the same one; None: one of their own, in memory).
     """
     root = settings.sysfs_root
     pci_state = _PciState()
@@ -122,14 +125,6 @@ def build_sources(
         uuids = kmsg.snapshot().gpu_uuids if kmsg is not None else {}
         return pci_metrics(devices, gpu_uuids=uuids)
 
-    def collect_infiniband() -> list[Metric]:
-        ports = read_infiniband_ports(root, counters=FAST_INFINIBAND_COUNTERS if brief else None)
-        if not ports:
-            raise HardwareAbsentError(f"no InfiniBand ports under {root}/class/infiniband")
-        if evidence is not None:
-            evidence.observe_infiniband(ports)
-        return infiniband_metrics(() if brief else read_infiniband_devices(root), ports)
-
     def collect_neuron() -> list[Metric]:
         devices = read_neuron_devices(root)
         if not devices:
@@ -138,7 +133,7 @@ def build_sources(
 
     sources = [
         Source("pci", collect_pci),
-        Source("infiniband", collect_infiniband),
+        _infiniband_source(root, brief=brief, evidence=evidence, rises=rises),
         Source("neuron", collect_neuron),
     ]
     xids = XidOwnership()
@@ -178,6 +173,23 @@ def build_sources(
 
         sources.append(Source("nvml", collect_nvml))
     return sources
+
+
+def _infiniband_source(
+    root: Path, *, brief: bool, evidence: EvidenceStore | None, rises: CounterRises | None
+) -> Source:
+    watched = rises if rises is not None else CounterRises(FAST_INFINIBAND_COUNTERS, directory=None)
+
+    def collect_infiniband() -> list[Metric]:
+        ports = read_infiniband_ports(root, counters=FAST_INFINIBAND_COUNTERS if brief else None)
+        if not ports:
+            raise HardwareAbsentError(f"no InfiniBand ports under {root}/class/infiniband")
+        if evidence is not None:
+            evidence.observe_infiniband(ports)
+        seen = watched.observe(ports)
+        return infiniband_metrics(() if brief else read_infiniband_devices(root), ports, seen, brief=brief)
+
+    return Source("infiniband", collect_infiniband)
 
 
 def build_registry(sources: list[Source], path: ScrapePath = "all") -> CollectorRegistry:

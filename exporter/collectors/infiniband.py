@@ -3,16 +3,19 @@
 Counter names: ``accel_infiniband_port_<counter>_total``, with a leading ``port_`` of the sysfs name
 dropped (``port_rcv_errors`` -> ``accel_infiniband_port_rcv_errors_total``) and ``_bytes`` added to the
 data counters, which are exported in bytes (``accel_infiniband_port_rcv_data_bytes_total``).
+``accel_infiniband_port_events_seen_total{device, port, counter}``: the rises of the counters whose
+first increase cordons, as :class:`exporter.rises.CounterRises` saw them (a series once there was one).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from exporter.exposition import Family, FamilySpec
 from exporter.metric import Metric
 from exporter.readers.sysfs import InfinibandDevice, InfinibandPort
+from exporter.rises import Key
 
 _BYTE_COUNTERS = frozenset({"port_rcv_data", "port_xmit_data"})
 _UNSAFE = re.compile(r"[^a-z0-9_]")
@@ -46,6 +49,13 @@ RATE = FamilySpec("accel_infiniband_port_rate_bytes_per_second", "Port data rate
 PORT_INFO = FamilySpec(
     "accel_infiniband_port_info", "1 per port, with its link layer.", "gauge", (*_PORT, "link_layer")
 )
+EVENTS_SEEN = FamilySpec(
+    "accel_infiniband_port_events_seen",
+    "How much the port's counter (sysfs counters/<counter>) rose while the exporter watched it, this "
+    "boot: its first reading and a reset's new value are history. A series once the counter rose.",
+    "counter",
+    (*_PORT, "counter"),
+)
 _COUNTERS: dict[str, FamilySpec] = {}
 """sysfs counter file name -> its family's spec, made on first sight (a few dozen names at most)."""
 
@@ -72,12 +82,24 @@ def _counter_spec(counter: str) -> FamilySpec:
     return spec
 
 
-def infiniband_metrics(devices: Sequence[InfinibandDevice], ports: Sequence[InfinibandPort]) -> list[Metric]:
-    """Metric families for the adapters and ports found.
+def infiniband_metrics(
+    devices: Sequence[InfinibandDevice],
+    ports: Sequence[InfinibandPort],
+    seen: Mapping[Key, int],
+    *,
+    brief: bool = False,
+) -> list[Metric]:
+    """Metric families for the adapters and ports found, and the counters' rises ``seen``; ``brief``:
+    the rises only (the fast path's).
 
     Families come from specs made once (per counter name), so a port's label sets are rendered once
     per process, not once per scrape (see :class:`exporter.exposition.FamilySpec`).
     """
+    events = EVENTS_SEEN.family()
+    for key, value in sorted(seen.items()):
+        events.add(key, value)
+    if brief:
+        return [events]
     device_info = DEVICE_INFO.family()
     for device in devices:
         device_info.add((device.device, device.fw_ver, device.board_id, device.hca_type), 1)
@@ -109,4 +131,5 @@ def infiniband_metrics(devices: Sequence[InfinibandDevice], ports: Sequence[Infi
         info,
         *(counters[name] for name in sorted(counters)),
         hw_counters,
+        events,
     ]

@@ -1,0 +1,161 @@
+"""How much each watched InfiniBand port counter rose while the exporter watched it, during this boot.
+
+A port's ``link_downed``, ``local_link_integrity_errors`` and ``excessive_buffer_overrun_errors``
+counters cordon the node on their first increase (alerts/infiniband.yaml). As raw counters they are 24
+series on a node with 8 ports, nearly all of which never move, and a rule that must see an increase
+within a second reads every one of them every second: at 2,000 nodes that was most of a second of
+every second. So the fast path carries, instead, what this module keeps:
+``accel_infiniband_port_events_seen_total{device, port, counter}``, the rises of those counters this
+exporter saw, a series only once there was one (as an Xid count exists only from its first record).
+The raw counters stay on the slow path for the dashboards and the slower rules.
+
+- The first reading of a counter in a boot is history, not a rise: what the counter held before the
+  exporter ran (the link training at boot, the faults of a previous exporter's time are counted by
+  the state below).
+- A reading below the previous one is a reset (an adapter reset, ``perfquery -R``): it is the new
+  starting point, and only rises from it count. The series never goes down within a boot.
+- With a state directory (the exporter's hostPath) the last readings and the rises survive an exporter
+  restart within the boot: a rise while no exporter ran is counted at the first reading after it.
+  State saved in another boot is ignored (the counters started again), and so are unreadable files.
+
+Everything here is raw: the rules decide what a rise means and for how long (alerts/infiniband.yaml).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from exporter.readers.kmsg import BOOT_ID_PATH, read_boot_id
+from exporter.readers.sysfs import InfinibandPort
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE_NAME = "infiniband-rises.json"
+_STATE_VERSION = 1
+MAX_KEYS = 4096
+"""Counters kept at most (a node has a few dozen): a driver inventing port names forever cannot grow
+the state without bound; past it, new ports are not watched."""
+
+Key = tuple[str, str, str]
+"""(device, port, counter)."""
+
+
+def _name(key: Key) -> str:
+    return "/".join(key)
+
+
+def _key(name: str) -> Key:
+    device, port, counter = name.split("/")
+    return device, port, counter
+
+
+class CounterRises:
+    """The rises of ``counters`` on every port read, this boot; thread-safe (the fast and the slow
+    path read the ports concurrently and hand each reading here)."""
+
+    def __init__(
+        self, counters: Iterable[str], *, directory: Path | None, boot_id_path: Path = BOOT_ID_PATH
+    ) -> None:
+        self.counters = frozenset(counters)
+        self.path = None if directory is None else directory / STATE_FILE_NAME
+        self.boot_id = read_boot_id(boot_id_path) if directory is not None else None
+        """This boot's id; None when there is no state directory or it cannot be read (then nothing is
+        saved or loaded)."""
+        self._lock = threading.Lock()
+        self._save_lock = threading.Lock()
+        self._generation = 0
+        """Counts the changes; a state is written only when newer than the one written last."""
+        self._written = 0
+        self._last: dict[Key, int] = {}
+        self._rises: dict[Key, int] = {}
+        self._last_error: str | None = None
+
+    def load(self) -> bool:
+        """Resumes this boot's readings and rises from the state directory; False when there is none."""
+        if self.path is None or self.boot_id is None:
+            return False
+        try:
+            state = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError) as exc:
+            logger.warning("infiniband: ignoring unreadable state %s: %s", self.path, exc)
+            return False
+        if not isinstance(state, dict) or state.get("boot_id") != self.boot_id:
+            logger.info("infiniband: %s is from another boot; next readings are history", self.path)
+            return False
+        try:
+            last = {_key(str(name)): int(value) for name, value in dict(state["last"]).items()}
+            rises = {_key(str(name)): int(value) for name, value in dict(state["rises"]).items()}
+        except (ValueError, TypeError, KeyError) as exc:
+            logger.warning("infiniband: ignoring malformed state %s: %s", self.path, exc)
+            return False
+        with self._lock:
+            self._last = dict(list(last.items())[:MAX_KEYS])
+            self._rises = {key: value for key, value in rises.items() if key in self._last and value > 0}
+        logger.info("infiniband: resuming this boot's counter readings from %s", self.path)
+        return True
+
+    def observe(self, ports: Iterable[InfinibandPort]) -> dict[Key, int]:
+        """Takes one reading of every port and returns every counter's rises so far (only those above
+        0), by (device, port, counter)."""
+        changed = False
+        with self._lock:
+            last, rises = self._last, self._rises
+            for port in ports:
+                for counter, value in port.counters.items():
+                    if counter not in self.counters:
+                        continue
+                    key = (port.device, port.port, counter)
+                    before = last.get(key)
+                    if before == value:
+                        continue
+                    if before is None and len(last) >= MAX_KEYS:
+                        continue
+                    last[key] = value
+                    changed = True
+                    if before is not None and value > before:
+                        rises[key] = rises.get(key, 0) + value - before
+            found = dict(rises)
+            if changed:
+                self._generation += 1
+            state = (self._generation, self._state()) if changed else None
+        if state is not None:
+            self._save(*state)
+        return found
+
+    def _state(self) -> dict[str, object]:
+        return {
+            "boot_id": self.boot_id,
+            "version": _STATE_VERSION,
+            "last": {_name(key): value for key, value in self._last.items()},
+            "rises": {_name(key): value for key, value in self._rises.items()},
+        }
+
+    def _save(self, generation: int, state: Mapping[str, object]) -> None:
+        """Writes ``state`` atomically (a temporary file renamed over the old one) unless a newer one
+        was written already (two scrapes read at once); a failure is logged once and leaves the counts
+        in memory, to be written with the next change."""
+        if self.path is None or self.boot_id is None:
+            return
+        temporary = self.path.with_name(f".{self.path.name}.tmp")
+        with self._save_lock:
+            if generation <= self._written:
+                return
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                temporary.write_text(json.dumps(state, separators=(",", ":")))
+                os.replace(temporary, self.path)
+            except OSError as exc:
+                error = f"cannot write {self.path}: {exc.strerror or exc}"
+                if error != self._last_error:
+                    logger.warning("infiniband: %s", error)
+                    self._last_error = error
+                return
+            self._written = generation
+            self._last_error = None
