@@ -177,9 +177,7 @@ def test_no_rule_reads_a_series_recorded_in_its_own_group_unless_its_difference_
                     for recorded, recording in recordings.items()
                     if re.search(rf"{re.escape(recorded)}\b", rule["expr"])
                     and not _newest_minute_read_directly(recording, rule)
-                    and not _read_only_from_before_the_last_evaluation(
-                        recorded, rule, group.get("interval", "1m")
-                    )
+                    and not _read_only_from_before_the_last_evaluation(recorded, rule, interval)
                 ]
                 if reads and name not in listed_alerts:
                     offenders.append(f"{path.name}: {group['name']}: {name} reads {sorted(reads)}")
