@@ -15,9 +15,10 @@ What it showed on 2 cores at N = 250 (7-minute soak, 11-28): an instant read of 
 groups' ~90 fast series per node read every second under 100 ms at 2,000 nodes in one Prometheus:
 that takes fewer series per Prometheus (shards).
 
-The InfiniBand group now reads its 10-minute minimum from a recording rule of the minute group
-(alerts/infiniband.yaml), so every second it makes two instant reads per counter ("InfiniBand,
-instant" twice) instead of the [10m] window, whose cost grows with the samples it holds.
+Since then the fast path holds only series that exist where something is wrong (exporter/paths.py):
+a healthy node gives the fatal groups nothing to read, and the cost above is paid per fault series
+(an InfiniBand port's rises, a lost GPU, a fatal AER count), not per node. The expressions below are
+the forms measured then, on the raw series (now on the slow path, or absent while zero).
 
     python bench/bench_fatal_queries.py [--nodes 250] [--soak 420] [--rounds 15]
 """

@@ -43,9 +43,15 @@ Extrapolation to 2,000 and 10,000 nodes:
 Other known limits: the simulated values never change (they compress better than a real node's), and
 memory keeps growing until the head block is cut (2 h).
 
+A healthy node serves nothing on the fast path, so the fatal groups' cost is in the faults a fleet
+carries: `--faulty 0.1` makes every tenth node serve what the real exporter serves after every one of
+its InfiniBand ports had a link-down, integrity errors and buffer overruns this boot (24 fast series
+a node, the most one node's InfiniBand faults make; bench/fleet.py `capture(faulted=True)`).
+
     python bench/bench_fleet.py --nodes 500 --minutes 5        # one N (and the baseline N = 0)
     python bench/bench_fleet.py --nodes 100 250 500 750        # several N, fitted
     python bench/bench_fleet.py --find-max                     # 100, 250, 500, ... until one fails
+    python bench/bench_fleet.py --nodes 1000 --faulty 0.1      # a tenth of the nodes after a storm
 
 Other work on the machine (and the simulator itself, on the same 2 cores) makes figures noisy:
 /proc/loadavg is printed with every window.
@@ -574,6 +580,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--no-baseline", action="store_true", help="skip N = 0 (Prometheus with rules only)")
     parser.add_argument(
+        "--faulty",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="share of the nodes (0.1: every tenth) whose every InfiniBand port has had link-downs, "
+        "integrity errors and buffer overruns this boot: the fast-path series a storm leaves behind",
+    )
+    parser.add_argument(
         "--config",
         type=Path,
         default=SHIPPED_CONFIG,
@@ -595,10 +609,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     jobs = exporter_jobs(config, template)
     print(f"loadavg {_loadavg()}; capturing the real exporter's bodies ...", flush=True)
     bodies = load_bodies(jobs)
+    faulted = load_bodies(jobs, faulted=True) if args.faulty else {}
     runs: list[Run] = []
     with (
         tempfile.TemporaryDirectory(prefix="accel-health-fleet-") as tmp,
-        FleetServer(bodies, max(counts)) as server,
+        FleetServer(bodies, max(counts), faulted=faulted, faulty=args.faulty) as server,
     ):
         bench = Bench(
             server=server,

@@ -378,6 +378,7 @@ class RealExporter:
     workdir: Path
     port: int = 0
     process: Process | None = None
+    sysfs_root: Path = NODE_FIXTURE / "sys"
 
     @property
     def kmsg(self) -> Path:
@@ -393,7 +394,7 @@ class RealExporter:
             "examples.fake_gpus",
             f"--listen=127.0.0.1:{self.port}",
             f"--kmsg={self.kmsg}",
-            f"--sysfs-root={NODE_FIXTURE / 'sys'}",
+            f"--sysfs-root={self.sysfs_root}",
             "--nvml=auto",
             f"--state-dir={self.workdir / 'state'}",
         ]
@@ -436,11 +437,39 @@ class RealExporter:
         self.stop()
 
 
-def capture(paths: Iterable[str], *, workdir: Path | None = None) -> dict[str, bytes]:
-    """What the real exporter serves on each path (a short-lived exporter, see :class:`RealExporter`)."""
+FAULT_COUNTERS = ("link_downed", "local_link_integrity_errors", "excessive_buffer_overrun_errors")
+"""The InfiniBand counters a faulted capture raises on every port."""
+
+
+def capture(paths: Iterable[str], *, workdir: Path | None = None, faulted: bool = False) -> dict[str, bytes]:
+    """What the real exporter serves on each path (a short-lived exporter, see :class:`RealExporter`).
+    ``faulted``: on a copy of the node's sysfs tree in which, once the exporter has read it, every
+    InfiniBand port's :data:`FAULT_COUNTERS` rise by one (the node after a storm of link events: the
+    most fast-path series one node's InfiniBand faults make, 3 per port)."""
     with contextlib.ExitStack() as stack:
         folder = workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fleet-capture-")))
-        exporter = stack.enter_context(RealExporter(folder))
+        if not faulted:
+            exporter = stack.enter_context(RealExporter(folder))
+            return {path: exporter.get(path) for path in sorted(set(paths))}
+        root = folder / "sys"
+        shutil.copytree(NODE_FIXTURE / "sys", root, symlinks=True)
+        exporter = stack.enter_context(RealExporter(folder, sysfs_root=root))
+        counters = [
+            port / "counters" / name
+            for port in sorted(root.glob("class/infiniband/*/ports/*"))
+            for name in FAULT_COUNTERS
+        ]
+        for counter in counters:
+            counter.write_text(f"{int(counter.read_text()) + 1}\n")
+        wait_for(
+            "the exporter to serve every port's rises",
+            lambda: (
+                exporter.get("/metrics/fast").count(b"accel_infiniband_port_events_seen_total{")
+                == len(counters)
+            ),
+            timeout=30,
+            interval=0.3,
+        )
         return {path: exporter.get(path) for path in sorted(set(paths))}
 
 
@@ -514,6 +543,10 @@ class FleetServer:
     bodies: Mapping[str, Exposition]
     """Scrape path -> what the real exporter serves there."""
     nodes: int
+    faulted: Mapping[str, Exposition] = field(default_factory=dict)
+    """Scrape path -> what the real exporter serves there after faults (:func:`capture`)."""
+    faulty: float = 0.0
+    """The share of the nodes, spread evenly, that serve :attr:`faulted`."""
     responses: dict[str, dict[bytes, bytes]] = field(default_factory=dict)
     """Node address -> path -> the response, made once."""
     served: dict[bytes, int] = field(default_factory=dict)
@@ -528,9 +561,10 @@ class FleetServer:
         return [SimNode(node_name(i), node_address(i)) for i in range(self.nodes)]
 
     def start(self) -> None:
-        for node in self.fleet:
+        for index, node in enumerate(self.fleet):
+            bodies = self.faulted if self.is_faulty(index) else self.bodies
             self.responses[node.address] = {
-                path.encode(): _response(body.for_node(node.name)) for path, body in self.bodies.items()
+                path.encode(): _response(body.for_node(node.name)) for path, body in bodies.items()
             }
         loop = asyncio.new_event_loop()
         self._loop = loop
@@ -544,6 +578,11 @@ class FleetServer:
 
         self._server = asyncio.run_coroutine_threadsafe(listen(), loop).result(timeout=10)
         self.port = self._server.sockets[0].getsockname()[1]
+
+    def is_faulty(self, index: int) -> bool:
+        """Whether node ``index`` serves the faulted bodies: every 1/faulty-th node, so any first N
+        nodes hold their share."""
+        return bool(self.faulted) and int((index + 1) * self.faulty) > int(index * self.faulty)
 
     def cpu_seconds(self) -> float:
         """CPU time the serving thread has used."""
@@ -750,11 +789,14 @@ class Prometheus:
         return {r["metric"].get(label, ""): float(r["value"][1]) for r in self.query(promql, at=at)}
 
 
-def load_bodies(jobs: Sequence[ScrapeJob], *, workdir: Path | None = None) -> dict[str, Exposition]:
-    """Each scraped path's body from the real exporter, identities cut out."""
+def load_bodies(
+    jobs: Sequence[ScrapeJob], *, workdir: Path | None = None, faulted: bool = False
+) -> dict[str, Exposition]:
+    """Each scraped path's body from the real exporter, identities cut out (``faulted``: see
+    :func:`capture`)."""
     return {
         path: Exposition.parse(body)
-        for path, body in capture({j.metrics_path for j in jobs}, workdir=workdir).items()
+        for path, body in capture({j.metrics_path for j in jobs}, workdir=workdir, faulted=faulted).items()
     }
 
 

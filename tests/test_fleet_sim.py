@@ -21,11 +21,13 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))  # the simulator is a benchmark's module (bench/ is no package)
 
 from fleet import (  # noqa: E402  after sys.path
+    FAULT_COUNTERS,
     Exposition,
     FleetServer,
     Prometheus,
     RealExporter,
     ScrapeJob,
+    capture,
     exporter_job_regex,
     exporter_jobs,
     exporter_pod,
@@ -174,3 +176,22 @@ def test_identities_differ_per_node_and_are_the_same_on_every_path() -> None:
     assert serial != b"1654922002345"
     assert b'x="y"' in one
     assert b'model="H100"' in slow.for_node("node-a")
+
+
+def test_a_faulted_capture_serves_every_ports_rises_fast_and_every_tenth_node_serves_it(
+    tmp_path: Path,
+) -> None:
+    bodies = capture(["/metrics/fast"], workdir=tmp_path / "healthy")
+    faulted = capture(["/metrics/fast"], workdir=tmp_path / "faulted", faulted=True)
+    rises = b"accel_infiniband_port_events_seen_total{"
+    assert bodies["/metrics/fast"].count(rises) == 0
+    assert faulted["/metrics/fast"].count(rises) == 8 * len(FAULT_COUNTERS)  # 8 ports
+    server = FleetServer(
+        {"/metrics/fast": Exposition.parse(bodies["/metrics/fast"])},
+        100,
+        faulted={"/metrics/fast": Exposition.parse(faulted["/metrics/fast"])},
+        faulty=0.1,
+    )
+    chosen = [index for index in range(100) if server.is_faulty(index)]
+    assert len(chosen) == 10
+    assert sum(1 for index in chosen if index < 50) == 5  # spread, not bunched at one end
