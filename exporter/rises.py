@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -73,6 +74,8 @@ class CounterRises:
         self._written = 0
         self._last: dict[Key, int] = {}
         self._rises: dict[Key, int] = {}
+        self._newest_read = -float("inf")
+        """When the newest reading taken into account began (monotonic seconds)."""
         self._last_error: str | None = None
 
     def load(self) -> bool:
@@ -101,13 +104,20 @@ class CounterRises:
         logger.info("infiniband: resuming this boot's counter readings from %s", self.path)
         return True
 
-    def observe(self, ports: Iterable[InfinibandPort]) -> dict[Key, int]:
-        """Takes one reading of every port and returns every counter's rises so far (only those above
-        0), by (device, port, counter)."""
+    def observe(self, ports: Iterable[InfinibandPort], *, read_at: float | None = None) -> dict[Key, int]:
+        """Takes one reading of every port, begun at ``read_at`` (``time.monotonic()``; None: now), and
+        returns every counter's rises so far (only those above 0), by (device, port, counter).
+
+        A reading that began before one already taken is left out: the slow and the fast path read
+        concurrently, and an older value arriving after a newer one would look like a reset, after
+        which the newer value would count as a rise a second time."""
         changed = False
         with self._lock:
+            begun = time.monotonic() if read_at is None else read_at
+            stale = begun < self._newest_read
+            self._newest_read = max(self._newest_read, begun)
             last, rises = self._last, self._rises
-            for port in ports:
+            for port in () if stale else ports:
                 for counter, value in port.counters.items():
                     if counter not in self.counters:
                         continue

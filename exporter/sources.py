@@ -9,6 +9,7 @@ never be counted twice, so exactly one source publishes it per scrape; see :clas
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,12 +182,13 @@ def _infiniband_source(
     watched = rises if rises is not None else CounterRises(FAST_INFINIBAND_COUNTERS, directory=None)
 
     def collect_infiniband() -> list[Metric]:
+        begun = time.monotonic()
         ports = read_infiniband_ports(root, counters=FAST_INFINIBAND_COUNTERS if brief else None)
         if not ports:
             raise HardwareAbsentError(f"no InfiniBand ports under {root}/class/infiniband")
         if evidence is not None:
             evidence.observe_infiniband(ports)
-        seen = watched.observe(ports)
+        seen = watched.observe(ports, read_at=begun)
         return infiniband_metrics(() if brief else read_infiniband_devices(root), ports, seen, brief=brief)
 
     return Source("infiniband", collect_infiniband)

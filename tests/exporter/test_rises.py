@@ -66,6 +66,17 @@ def test_a_reset_is_a_new_starting_point_and_the_rises_never_go_down(boot_id: Pa
     assert watched.observe([port(excessive_buffer_overrun_errors=2)]) == {key: 3}
 
 
+def test_a_reading_older_than_one_taken_is_left_out_and_counts_nothing_twice(boot_id: Path) -> None:
+    watched = rises(None, boot_id)
+    watched.observe([port(link_downed=5)], read_at=10.0)
+    # The slow path begins reading at 11 (5); the fast one at 12 reads the link-down (6), and is
+    # taken first; the slow path's older 5 then arrives: not a reset, and 6 is not counted again.
+    assert watched.observe([port(link_downed=6)], read_at=12.0) == {("mlx5_0", "1", "link_downed"): 1}
+    assert watched.observe([port(link_downed=5)], read_at=11.0) == {("mlx5_0", "1", "link_downed"): 1}
+    assert watched.observe([port(link_downed=6)], read_at=13.0) == {("mlx5_0", "1", "link_downed"): 1}
+    assert watched.observe([port(link_downed=0)], read_at=14.0) == {("mlx5_0", "1", "link_downed"): 1}
+
+
 def test_a_restart_within_the_boot_counts_a_rise_it_missed_and_nothing_twice(
     tmp_path: Path, boot_id: Path
 ) -> None:
