@@ -93,7 +93,8 @@ def in_process_scrape_ms(root: Path, kmsg: Path) -> list[float]:
         time.sleep(0.3)
         registry = build_registry(build_sources(ExporterSettings(sysfs_root=root), kmsg=follower, nvml=None))
         body = generate_text(registry)
-        for wanted in (b'xid="79"', b'neuron_device="15"', b'device="mlx5_7"'):
+        neuron_found = b'accel_exporter_collector_hardware_present{collector="neuron"} 1'
+        for wanted in (b'xid="79"', neuron_found, b'device="mlx5_7"'):
             assert wanted in body, wanted
         times = []
         for _ in range(SCRAPES):
