@@ -57,6 +57,7 @@ from exporter.readers.sysfs import (
     read_pci_accelerators,
     read_pci_subsystem,
 )
+from exporter.statefile import BootStateFile
 
 logger = logging.getLogger(__name__)
 
@@ -251,6 +252,13 @@ class EvidenceStore:
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.path = None if directory is None else directory / STATE_FILE_NAME
+        self._file = (
+            None
+            if self.path is None
+            else BootStateFile(
+                self.path, logger=logger, prefix="evidence", other_boot="keeping this boot's from now"
+            )
+        )
         self.limits = limits
         self.save_interval = save_interval
         """Seconds between writes while records arrive (a flush writes at once)."""
@@ -268,7 +276,6 @@ class EvidenceStore:
         """pci_bus_id -> the GPU's identity fields as last known (a lost GPU's serial stays known)."""
         self._dirty = False
         self._saved_at = -float("inf")
-        self._last_error: str | None = None
 
     # -- receiving ------------------------------------------------------------------------------------
 
@@ -349,17 +356,10 @@ class EvidenceStore:
 
     def load(self) -> bool:
         """Resumes this boot's evidence from the state directory; False when there is none to resume."""
-        if self.path is None or self.boot_id is None:
+        if self._file is None or self.boot_id is None:
             return False
-        try:
-            state = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return False
-        except (OSError, ValueError) as exc:
-            logger.warning("evidence: ignoring unreadable state %s: %s", self.path, exc)
-            return False
-        if not isinstance(state, dict) or state.get("boot_id") != self.boot_id:
-            logger.info("evidence: %s is from another boot; keeping this boot's from now", self.path)
+        state = self._file.read(self.boot_id)
+        if state is None:
             return False
         try:
             records = FaultRecords.from_state(state, self.limits)
@@ -367,7 +367,7 @@ class EvidenceStore:
             link_downed = {str(k): int(v) for k, v in dict(state.get("link_downed", {})).items()}
             gpus = {str(gpu["pci_bus_id"]): dict(gpu) for gpu in list(state.get("gpus", []))}
         except (ValueError, TypeError, KeyError) as exc:
-            logger.warning("evidence: ignoring malformed state %s: %s", self.path, exc)
+            self._file.malformed(exc)
             return False
         with self._lock:
             self._records = records
@@ -380,7 +380,7 @@ class EvidenceStore:
     def save(self, *, force: bool = False) -> bool:
         """Writes the evidence when it changed, at most once per :attr:`save_interval` unless ``force``;
         True when the file holds everything received."""
-        if self.path is None or self.boot_id is None:
+        if self._file is None or self.boot_id is None:
             return False
         now = self._monotonic()
         with self._lock:
@@ -398,21 +398,10 @@ class EvidenceStore:
             }
             self._dirty = False
             self._saved_at = now
-        text = json.dumps(state, separators=(",", ":"))
-        temporary = self.path.with_name(f".{self.path.name}.tmp")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            temporary.write_text(text)
-            os.replace(temporary, self.path)
-        except OSError as exc:
+        if not self._file.write(json.dumps(state, separators=(",", ":"))):
             with self._lock:
                 self._dirty = True
-            error = f"cannot write {self.path}: {exc.strerror or exc}"
-            if error != self._last_error:
-                logger.warning("evidence: %s", error)
-                self._last_error = error
             return False
-        self._last_error = None
         return True
 
 

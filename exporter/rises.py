@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from exporter.readers.kmsg import BOOT_ID_PATH, read_boot_id
 from exporter.readers.sysfs import InfinibandPort
+from exporter.statefile import BootStateFile
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +64,13 @@ class CounterRises:
     ) -> None:
         self.counters = frozenset(counters)
         self.path = None if directory is None else directory / STATE_FILE_NAME
+        self._file = (
+            None
+            if self.path is None
+            else BootStateFile(
+                self.path, logger=logger, prefix="infiniband", other_boot="next readings are history"
+            )
+        )
         self.boot_id = read_boot_id(boot_id_path) if directory is not None else None
         """This boot's id; None when there is no state directory or it cannot be read (then nothing is
         saved or loaded)."""
@@ -76,27 +83,19 @@ class CounterRises:
         self._rises: dict[Key, int] = {}
         self._newest_read = -float("inf")
         """When the newest reading taken into account began (monotonic seconds)."""
-        self._last_error: str | None = None
 
     def load(self) -> bool:
         """Resumes this boot's readings and rises from the state directory; False when there is none."""
-        if self.path is None or self.boot_id is None:
+        if self._file is None or self.boot_id is None:
             return False
-        try:
-            state = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return False
-        except (OSError, ValueError) as exc:
-            logger.warning("infiniband: ignoring unreadable state %s: %s", self.path, exc)
-            return False
-        if not isinstance(state, dict) or state.get("boot_id") != self.boot_id:
-            logger.info("infiniband: %s is from another boot; next readings are history", self.path)
+        state = self._file.read(self.boot_id)
+        if state is None:
             return False
         try:
             last = {_key(str(name)): int(value) for name, value in dict(state["last"]).items()}
             rises = {_key(str(name)): int(value) for name, value in dict(state["rises"]).items()}
         except (ValueError, TypeError, KeyError) as exc:
-            logger.warning("infiniband: ignoring malformed state %s: %s", self.path, exc)
+            self._file.malformed(exc)
             return False
         with self._lock:
             self._last = dict(list(last.items())[:MAX_KEYS])
@@ -151,21 +150,11 @@ class CounterRises:
         """Writes ``state`` atomically (a temporary file renamed over the old one) unless a newer one
         was written already (two scrapes read at once); a failure is logged once and leaves the counts
         in memory, to be written with the next change."""
-        if self.path is None or self.boot_id is None:
+        if self._file is None or self.boot_id is None:
             return
-        temporary = self.path.with_name(f".{self.path.name}.tmp")
         with self._save_lock:
             if generation <= self._written:
                 return
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                temporary.write_text(json.dumps(state, separators=(",", ":")))
-                os.replace(temporary, self.path)
-            except OSError as exc:
-                error = f"cannot write {self.path}: {exc.strerror or exc}"
-                if error != self._last_error:
-                    logger.warning("infiniband: %s", error)
-                    self._last_error = error
+            if not self._file.write(json.dumps(state, separators=(",", ":"))):
                 return
             self._written = generation
-            self._last_error = None

@@ -51,6 +51,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal, Protocol, TypeVar
 
+from exporter.statefile import BootStateFile
+
 logger = logging.getLogger(__name__)
 
 _PCI = r"[0-9a-fA-F]{1,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
@@ -672,7 +674,7 @@ class KmsgStateStore:
     def __init__(self, directory: Path, *, boot_id_path: Path = BOOT_ID_PATH) -> None:
         self.path = directory / STATE_FILE_NAME
         self.boot_id_path = boot_id_path
-        self._last_error: str | None = None
+        self._file = BootStateFile(self.path, logger=logger, prefix="kmsg", other_boot="counting from zero")
         self._boot: tuple[str | None] | None = None
         """The boot id read by :meth:`load` (a boot cannot change under a running process)."""
 
@@ -693,20 +695,13 @@ class KmsgStateStore:
         boot_id = self._current_boot()
         if boot_id is None:
             return None
-        try:
-            state = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:
-            logger.warning("kmsg: ignoring unreadable state %s: %s", self.path, exc)
-            return None
-        if not isinstance(state, dict) or state.get("boot_id") != boot_id:
-            logger.info("kmsg: %s is from another boot; counting from zero", self.path)
+        state = self._file.read(boot_id)
+        if state is None:
             return None
         try:
             tally = KmsgTally.from_state(state)
         except (ValueError, TypeError) as exc:
-            logger.warning("kmsg: ignoring malformed state %s: %s", self.path, exc)
+            self._file.malformed(exc)
             return None
         logger.info(
             "kmsg: resuming this boot's counts from %s (%d records, last sequence %s)",
@@ -721,19 +716,7 @@ class KmsgStateStore:
         boot_id = self._current_boot()
         if boot_id is None:
             return False
-        temporary = self.path.with_name(f".{self.path.name}.tmp")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            temporary.write_text(json.dumps({"boot_id": boot_id, **state}))
-            os.replace(temporary, self.path)
-        except OSError as exc:
-            error = f"cannot write {self.path}: {exc.strerror or exc}"
-            if error != self._last_error:
-                logger.warning("kmsg: %s", error)
-                self._last_error = error
-            return False
-        self._last_error = None
-        return True
+        return self._file.write(json.dumps({"boot_id": boot_id, **state}))
 
 
 _DEVICE_READ_SIZE = 16384
