@@ -31,6 +31,7 @@ from exporter.evidence import EvidenceEndpoint, EvidenceSources, EvidenceStore, 
 from exporter.exposition import CONTENT_TYPE, generate_text
 from exporter.metric import CollectorRegistry
 from exporter.paths import FAST_INFINIBAND_COUNTERS, PathCollector
+from exporter.privileges import settle
 from exporter.readers.kmsg import KmsgFollower, KmsgStateStore
 from exporter.readers.nvml import DEFAULT_TIMEOUT, PynvmlReader
 from exporter.rises import CounterRises
@@ -220,6 +221,7 @@ def main(argv: Sequence[str] | None = None, *, nvml_library: Any = None, cuda_li
     )
     host, port = args.listen
 
+    settle(settings.state_dir)  # first, before any thread starts: capabilities are per thread
     follower, evidence_store = _kernel_log(settings)
     nvml = (
         None if settings.nvml == "off" else PynvmlReader(timeout=settings.nvml_timeout, library=nvml_library)

@@ -51,6 +51,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal, Protocol, TypeVar
 
+from exporter.privileges import Capability, raised
 from exporter.statefile import BootStateFile
 
 logger = logging.getLogger(__name__)
@@ -821,7 +822,8 @@ class KmsgFollower:
         """Reads until stopped; raises OSError when the path cannot be opened or read."""
         is_device = stat.S_ISCHR(os.stat(self.path).st_mode)
         flags = os.O_RDONLY | (os.O_NONBLOCK if is_device else 0)
-        fd = os.open(self.path, flags)
+        with raised(Capability.SYSLOG):  # what the kernel asks of an open where dmesg_restrict=1
+            fd = os.open(self.path, flags)
         try:
             self._set_error(None)
             logger.info("kmsg: reading %s (%s)", self.path, "device" if is_device else "file, following")

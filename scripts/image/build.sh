@@ -76,12 +76,15 @@ esac
 # extraction, and image scanners do not see them listed. Only the maintainer scripts of iperf3 and
 # iputils-ping use the first line (iperf3's daemon user, setcap), and the extract variant runs no
 # maintainer script; the others serve only modules of the interpreter that nothing here imports
-# (sqlite3, dbm.ndbm, readline, curses, nis), whose extension modules go with them.
+# (sqlite3, dbm.ndbm, readline, curses, nis), whose extension modules go with them. The last line:
+# the package manager python3-minimal depends on, with tar and the libraries only those two link;
+# nothing installs a package into a read-only root filesystem.
 UNUSED_DEBS=(
     adduser passwd debconf init-system-helpers libcap2-bin libpam0g libpam-modules libpam-modules-bin
     libaudit1 libaudit-common libcap-ng0 libsemanage2 libsemanage-common libsepol2
     libsqlite3-0 libdb5.3 libreadline8 readline-common libncursesw6 libtinfo6 libnsl2 libtirpc3
     libtirpc-common libgssapi-krb5-2 libkrb5-3 libk5crypto3 libkrb5support0 libcom-err2 libkeyutils1
+    dpkg tar libacl1 libselinux1 libpcre2-8-0 libmd0 libzstd1
 )
 UNUSED_MODULES=(_sqlite3 _dbm readline _curses _curses_panel nis)
 ROOTFS_OPTS=(

@@ -248,15 +248,18 @@ def test_the_webhook_url_names_the_remediator_service(rendered: dict[str, list[d
 # -- the exporter ------------------------------------------------------------------------------------
 
 
-def test_base_exporter_adds_only_the_syslog_capability_and_mounts_host_paths_read_only() -> None:
+def test_base_exporter_runs_as_the_images_user_bounded_to_its_two_capabilities_host_paths_read_only() -> None:
     base = render(DEPLOY / "base")
     daemonset = find(base, "DaemonSet", "accel-health-exporter")
     pod = daemonset["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     security = container["securityContext"]
-    assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
+    assert (security["runAsUser"], security["runAsGroup"], security["runAsNonRoot"]) == (65532, 65532, True)
+    # The two the image's exporter interpreter holds as file capabilities (scripts/image/capabilities.py),
+    # which take effect only with privilege escalation allowed (no no_new_privs).
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG", "CHOWN"]}
     assert security["privileged"] is False
-    assert security["allowPrivilegeEscalation"] is False
+    assert security["allowPrivilegeEscalation"] is True
     assert security["readOnlyRootFilesystem"] is True
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
@@ -275,6 +278,7 @@ def test_overlays_run_the_exporter_privileged_in_a_form_the_api_server_accepts(
             security = container["securityContext"]
             if workload["metadata"]["name"] == "accel-health-exporter":
                 assert security["privileged"] is True
+                assert (security["runAsUser"], security["runAsNonRoot"]) == (65532, True)
                 # The API server rejects privileged together with allowPrivilegeEscalation: false.
                 assert security.get("allowPrivilegeEscalation") is not False
             else:
@@ -343,6 +347,13 @@ def test_every_overlay_enables_active_checks_with_the_token_secret_mounted_optio
         assert secret["secretName"] == "accel-health-checks-token"
         # Optional: the exporter (metrics, schedule) runs before the token is set; GET /checks says 503.
         assert secret["optional"] is True
+        # uid 65532 reads it through the pod's group; ping's ICMP datagram sockets need that group in
+        # the safe sysctl (no capability).
+        assert secret["defaultMode"] == 0o440
+        assert pod["securityContext"]["fsGroup"] == 65532
+        assert pod["securityContext"]["sysctls"] == [
+            {"name": "net.ipv4.ping_group_range", "value": "65532 65532"}
+        ]
         shipped = find(objects, "Secret", "accel-health-checks-token")
         assert "data" not in shipped
         assert "stringData" not in shipped

@@ -16,6 +16,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import stat
+import struct
 import subprocess
 import urllib.request
 import uuid
@@ -31,12 +34,15 @@ from tests.exporter.helpers import GPU_NODE, spawn_exporter, wait_until
 from tests.exporter.test_golden import normalise
 from tests.image import oci
 from tests.image.oci import VERSION, Mount, Spec, Unpacked, tool
+from tests.kube.kubelet import write_kmsg
 
 REPO = Path(__file__).resolve().parents[2]
 REQUIRED = os.environ.get("ACCEL_HEALTH_IMAGE_TEST") == "require"
 PAYLOAD = REPO / "examples" / "payloads" / "gpu-fatal-xid.json"
 SNAPSHOT = REPO / "examples" / "cluster-snapshot.yaml"
 _PROJECT = oci._PROJECT
+CAP_CHOWN, CAP_SYSLOG = 0, 34
+XID_79 = "NVRM: Xid (PCI:0000:9d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 
 
 def _unavailable(reason: str) -> None:
@@ -59,10 +65,20 @@ def image() -> Unpacked:
 
 @dataclass(frozen=True)
 class Container:
-    """A process of the image, started by runc; its output goes to ``log``."""
+    """A process of the image, started by runc as ``name``; its output goes to ``log``."""
 
     process: subprocess.Popen[bytes]
     log: Path
+    name: str
+
+    def status(self) -> dict[str, str]:
+        """/proc/PID/status of the container's process, as the host sees it."""
+        state = subprocess.run(
+            [tool("runc"), "state", self.name], capture_output=True, text=True, check=True, timeout=30
+        )
+        pid = json.loads(state.stdout)["pid"]
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        return {key: value.strip() for key, _, value in (line.partition(":") for line in lines)}
 
     def listening(self, marker: str = "listening on 127.0.0.1:") -> str | None:
         text = self.log.read_text()
@@ -71,6 +87,13 @@ class Container:
             return None
         port = text[at + len(marker) :].split(maxsplit=1)[0]
         return f"http://127.0.0.1:{port}"
+
+    def url(self, timeout: float = 10) -> str:
+        """The URL of the exporter or remediator in the container, once it listens."""
+        assert wait_until(lambda: self.listening() is not None, timeout=timeout), self.log.read_text()
+        url = self.listening()
+        assert url is not None
+        return url
 
     def wait(self, timeout: float = 60) -> str:
         """The container's whole output once it exited with 0."""
@@ -90,10 +113,15 @@ def run(
     user: tuple[int, int] | None = None,
     capabilities: Sequence[str] | None = (),
     writable: dict[str, Path] | None = None,
+    privileged: bool = False,
+    escalation: bool = False,
+    network_namespace: Path | None = None,
 ) -> Iterator[Container]:
     """Runs ``args`` in the image as a pod would: the image's user (or ``user``), environment and
     PATH, a read-only root filesystem, ``mounts`` read-only and ``writable`` read-write (an emptyDir),
-    no capability (or ``capabilities``); the host's network, so that loopback reaches it."""
+    no capability (or ``capabilities``, or every one with ``privileged``), privilege escalation
+    allowed only with ``escalation`` or ``privileged``; the host's network, so that loopback reaches
+    it (or ``network_namespace``)."""
     spec = Spec(
         args=args,
         user=user,
@@ -102,7 +130,9 @@ def run(
             *(Mount(source, target) for target, source in mounts.items()),
             *(Mount(source, target, read_only=False) for target, source in (writable or {}).items()),
         ],
-        no_new_privileges=True,
+        privileged=privileged,
+        no_new_privileges=not (escalation or privileged),
+        network_namespace=network_namespace,
     )
     bundle = oci.write_bundle(image, spec, tmp_path / "bundle")
     name = f"accel-health-test-{uuid.uuid4().hex[:12]}"
@@ -112,7 +142,7 @@ def run(
             oci.run_argv(bundle, name), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
     try:
-        yield Container(process=process, log=log)
+        yield Container(process=process, log=log, name=name)
     finally:
         subprocess.run([tool("runc"), "kill", name, "KILL"], capture_output=True, check=False, timeout=30)
         process.wait(timeout=30)
@@ -165,6 +195,41 @@ def test_the_image_holds_no_compiler_pip_package_cache_or_docs(image: Unpacked) 
     assert (root / "var" / "lib" / "dpkg" / "status.d" / "python3").is_file()
 
 
+def test_the_exporters_interpreter_holds_the_images_only_file_capability_and_nothing_is_setuid(
+    image: Unpacked,
+) -> None:
+    """scripts/image/capabilities.py: a copy of the interpreter with CAP_SYSLOG and CAP_CHOWN permitted,
+    the effective bit unset (the exporter raises them itself, and a container that bounds them out
+    still starts it), started by the exporter's console script alone; no setuid or setgid file."""
+    granted: dict[str, bytes] = {}
+    set_id: list[str] = []
+    for path in image.rootfs.rglob("*"):
+        if path.is_symlink() or not path.is_file():
+            continue
+        name = str(path.relative_to(image.rootfs))
+        if path.stat().st_mode & (stat.S_ISUID | stat.S_ISGID):
+            set_id.append(name)
+        try:
+            granted[name] = os.getxattr(path, "security.capability", follow_symlinks=False)
+        except OSError:
+            continue
+    assert set_id == []
+    assert set(granted) == {"opt/accel-health/bin/exporter-python"}
+    magic, permitted_low, inheritable_low, permitted_high, inheritable_high = struct.unpack(
+        "<5I", granted["opt/accel-health/bin/exporter-python"]
+    )
+    assert magic == 0x02000000  # revision 2, effective bit unset
+    assert permitted_low | permitted_high << 32 == 1 << CAP_SYSLOG | 1 << CAP_CHOWN
+    assert inheritable_low == inheritable_high == 0
+    bin_dir = image.rootfs / "opt" / "accel-health" / "bin"
+    exporter = (bin_dir / "accel-health-exporter").read_text().splitlines()[0]
+    remediator = (bin_dir / "accel-health-remediator").read_text().splitlines()[0]
+    assert (exporter, remediator) == (
+        "#!/opt/accel-health/bin/exporter-python",
+        "#!/opt/accel-health/bin/python",
+    )
+
+
 # -- what it does -----------------------------------------------------------------------------------
 
 
@@ -196,6 +261,124 @@ def test_the_exporter_in_the_image_serves_the_fixture_node_as_the_source_tree_do
     assert status == 200
     assert normalise(body.decode()) == expected
     assert "Traceback" not in container.log.read_text()
+
+
+def _samples(url: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    status, body = _get(url + "/metrics")
+    assert status == 200
+    found = {}
+    for line in body.decode().splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            series, _, value = line.rpartition(" ")
+            labels = re.findall(r'(\w+)="([^"]*)"', series)
+            found[tuple(sorted(labels))] = float(value)
+    return found
+
+
+def _mask(status: dict[str, str], key: str) -> int:
+    return int(status[key], 16)
+
+
+def _last_seq(saved: Path) -> int | None:
+    """The last kernel-log record the exporter's saved state has counted (None before it saved)."""
+    if not saved.is_file():
+        return None
+    value = json.loads(saved.read_text()).get("last_seq")
+    return value if isinstance(value, int) else None
+
+
+def _dmesg_restricted() -> bool:
+    return Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() == "1"
+
+
+@pytest.mark.skipif(not Path("/dev/kmsg").exists(), reason="no /dev/kmsg on this machine")
+def test_the_exporter_reads_the_hosts_kernel_log_as_uid_65532_raising_syslog_for_the_open_alone(
+    image: Unpacked, tmp_path: Path
+) -> None:
+    """As the shipped overlays run it (components/kmsg-privileged: privileged for the device cgroup,
+    the image's user): the exporter reads this machine's own /dev/kmsg. Where kernel.dmesg_restrict=1
+    the open needs CAP_SYSLOG, which uid 65532 holds only through the exporter
+    interpreter's file capability: the same exporter started by the image's plain interpreter is
+    refused (that half only where dmesg_restrict is 1). Between opens the process holds no effective
+    capability, and CAP_CHOWN is given up."""
+    args = ["--listen=127.0.0.1:0", "--kmsg=/dev/kmsg", "--sysfs-root=/sys", "--nvml=off"]
+    kmsg = {"/dev/kmsg": Path("/dev/kmsg")}
+    (tmp_path / "shipped").mkdir()
+    with run(
+        image, tmp_path / "shipped", ["accel-health-exporter", *args], kmsg, privileged=True
+    ) as container:
+        url = container.url()
+        assert wait_until(lambda: sum(_samples(url, "accel_kmsg_records_total").values()) > 0, timeout=10)
+        assert _samples(url, "accel_exporter_collector_up")[(("collector", "kmsg"),)] == 1
+        status = container.status()
+    log = container.log.read_text()
+    assert status["Uid"].split() == ["65532"] * 4
+    assert _mask(status, "CapEff") == 0, status
+    assert _mask(status, "CapPrm") == 1 << CAP_SYSLOG, status
+    assert "running as uid 65532; capabilities permitted: SYSLOG; effective: none" in log, log
+    if not _dmesg_restricted():
+        return
+    plain = [
+        "/opt/accel-health/bin/python",
+        "-c",
+        "import sys; from exporter.cli import main; sys.exit(main())",
+    ]
+    (tmp_path / "plain").mkdir()
+    with run(image, tmp_path / "plain", [*plain, *args], kmsg, privileged=True) as container:
+        url = container.url()
+        assert _samples(url, "accel_exporter_collector_up")[(("collector", "kmsg"),)] == 0
+    assert "cannot read /dev/kmsg: Operation not permitted" in container.log.read_text()
+
+
+def test_the_exporter_takes_over_the_state_directory_a_root_exporter_left_and_resumes_its_counts(
+    image: Unpacked, tmp_path: Path
+) -> None:
+    """An exporter of an earlier version ran as root and left its state, root's, in the hostPath the
+    kubelet made (root, 0755). The exporter as the base manifest runs it (uid 65532, SYSLOG and CHOWN
+    added, privilege escalation allowed) takes the directory and its files over, resumes the counts
+    (the Xid the ring buffer no longer holds still counts) and saves again; CAP_CHOWN is then gone."""
+    node, state = tmp_path / "node", tmp_path / "state"
+    (node / "dev").mkdir(parents=True)
+    state.mkdir(mode=0o755)
+    kmsg = node / "dev" / "kmsg"
+    kmsg.write_text("6,0,0,-;Linux version 6.1.0\n")
+    write_kmsg(node, XID_79)
+    args = [
+        "accel-health-exporter",
+        "--listen=127.0.0.1:0",
+        "--kmsg=/node/dev/kmsg",
+        "--sysfs-root=/sys-fixture",
+        "--nvml=off",
+        "--state-dir=/var/lib/accel-health",
+    ]
+    mounts = {"/node": node, "/sys-fixture": GPU_NODE / "sys"}
+    writable = {"/var/lib/accel-health": state}
+
+    def xid_79(url: str) -> float:
+        return sum(v for k, v in _samples(url, "accel_gpu_xid_errors_total").items() if ("xid", "79") in k)
+
+    saved = state / "kmsg-state.json"
+    (tmp_path / "root").mkdir()
+    with run(image, tmp_path / "root", args, mounts, user=(0, 0), capabilities=("CAP_SYSLOG",),
+             writable=writable) as earlier:  # fmt: skip
+        url = earlier.url()
+        assert wait_until(lambda: xid_79(url) == 1, timeout=10)
+        assert wait_until(lambda: _last_seq(saved) == 1, timeout=10), earlier.log.read_text()
+    assert {p.stat().st_uid for p in [state, *state.iterdir()]} == {0}
+    # The ring buffer moved on: the first Xid is gone from it, a second one came.
+    kmsg.write_text("3,2,3000000,-;" + XID_79 + "\n")
+    (tmp_path / "user").mkdir()
+    with run(image, tmp_path / "user", args, mounts, capabilities=("CAP_SYSLOG", "CAP_CHOWN"),
+             escalation=True, writable=writable) as container:  # fmt: skip
+        url = container.url()
+        assert wait_until(lambda: xid_79(url) == 2, timeout=10), container.log.read_text()
+        assert wait_until(lambda: _last_seq(saved) == 2, timeout=10), container.log.read_text()
+        status = container.status()
+    log = container.log.read_text()
+    assert {p.stat().st_uid for p in [state, *state.iterdir()]} == {65532}, log
+    assert "state directory /var/lib/accel-health handed over to uid 65532" in log
+    assert _mask(status, "CapPrm") == 1 << CAP_SYSLOG, status
+    assert _mask(status, "CapEff") == 0, status
 
 
 def test_the_remediator_in_the_image_answers_healthz_and_records_dry_run_decisions(
@@ -275,29 +458,59 @@ def test_the_checks_extra_loads_in_the_image_and_asks_for_the_driver_not_the_pac
     assert "not installed" not in out
 
 
+@contextmanager
+def _network_namespace(ping_group_range: str | None = None) -> Iterator[Path]:
+    """A network namespace of its own with loopback up, and the pod sysctl ``ping_group_range``."""
+    name = f"ah-image-{uuid.uuid4().hex[:8]}"
+    ip = shutil.which("ip") or "/usr/sbin/ip"
+    subprocess.run([ip, "netns", "add", name], check=True, timeout=30)
+    try:
+        subprocess.run([ip, "netns", "exec", name, ip, "link", "set", "lo", "up"], check=True, timeout=30)
+        if ping_group_range is not None:
+            setting = f"net.ipv4.ping_group_range={ping_group_range}"
+            subprocess.run([ip, "netns", "exec", name, "sysctl", "-q", "-w", setting], check=True, timeout=30)
+        yield Path("/var/run/netns") / name
+    finally:
+        subprocess.run([ip, "netns", "delete", name], check=False, timeout=30)
+
+
 def test_ping_and_iperf3_work_in_the_image_as_the_exporter_runs_them(image: Unpacked, tmp_path: Path) -> None:
-    """The exporter's user and capabilities of the shipped overlays (root, privileged: ping's raw
-    socket), on loopback: one ping, and one second of iperf3 between two containers of the image.
+    """As the exporter's user, uid 65532, with no capability and no privilege escalation. ping opens
+    an ICMP datagram socket, which the pod's sysctl net.ipv4.ping_group_range (components/active-checks)
+    grants to group 65532 in the pod's network namespace, and which is refused without it (a new
+    network namespace admits no group). One second of iperf3 between two containers of the image;
     iperf3 makes a file in /tmp for each stream ("unable to create a new stream: Read-only file
     system" without one): the active-checks component mounts an emptyDir there."""
-    root = (0, 0)
-    with run(image, tmp_path / "ping", ["ping", "-c", "1", "-W", "5", "127.0.0.1"], {}, user=root,
-             capabilities=("CAP_NET_RAW",)) as ping:  # fmt: skip
+    ping_args = ["ping", "-c", "1", "-W", "5", "127.0.0.1"]
+    with (
+        _network_namespace("65532 65532") as netns,
+        run(image, tmp_path / "ping", ping_args, {}, network_namespace=netns) as ping,
+    ):
         out = ping.wait()
     assert "1 packets transmitted, 1 received" in out, out
+    with (
+        _network_namespace() as netns,
+        run(image, tmp_path / "refused", ping_args, {}, network_namespace=netns) as refused,
+    ):
+        code = refused.process.wait(timeout=30)
+    out = refused.log.read_text()
+    assert code != 0, out
+    assert "Operation not permitted" in out, out
     for folder in ("server", "client", "server-tmp", "client-tmp"):
         (tmp_path / folder).mkdir()
+    for folder in ("server-tmp", "client-tmp"):
+        (tmp_path / folder).chmod(0o777)  # an emptyDir's mode
     port = free_port()
     server_args = ["iperf3", "-s", "-1", "-p", str(port), "--forceflush"]
     with run(
-        image, tmp_path / "server", server_args, {}, user=root, writable={"/tmp": tmp_path / "server-tmp"}
+        image, tmp_path / "server", server_args, {}, writable={"/tmp": tmp_path / "server-tmp"}
     ) as server:
         assert wait_until(lambda: "Server listening" in server.log.read_text(), timeout=10), (
             server.log.read_text()
         )
         client_args = ["iperf3", "-c", "127.0.0.1", "-p", str(port), "-t", "1", "-J"]
         with run(
-            image, tmp_path / "client", client_args, {}, user=root, writable={"/tmp": tmp_path / "client-tmp"}
+            image, tmp_path / "client", client_args, {}, writable={"/tmp": tmp_path / "client-tmp"}
         ) as client:
             report = json.loads(client.wait())
     assert "error" not in report, report

@@ -17,7 +17,8 @@
   none is set), fsGroup as a supplementary group and as the group of the Secret, ConfigMap and
   token files (with group read added, as the kubelet does), the capabilities left after `drop` and
   `add` (none effective for a non-root user), `privileged`, `readOnlyRootFilesystem` and
-  `allowPrivilegeEscalation`; the image's own environment and PATH under the manifest's env. Not
+  `allowPrivilegeEscalation`, the pod's safe sysctls (set in its network namespace; an unsafe one is
+  refused); the image's own environment and PATH under the manifest's env. Not
   played: seccomp profiles, resource limits, the device cgroup of an unprivileged container.
   Without `image`, the command runs from the development virtualenv as root (`tests.kube.podrun`):
   what a scenario uses that needs a debugger-level view of the process.
@@ -609,6 +610,7 @@ class FakeKubelet:
             argv[0] = shutil.which(argv[0], path=str(Path(sys.executable).parent)) or argv[0]
         netns, ip = self.network.add_pod()
         self.addresses[ip] = pod
+        _apply_sysctls(pod, netns)
         hosts = pod_dir / "etc-hosts"
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback", f"{ip}\t{meta['name']}"]
         hosts.write_text("\n".join([*lines, *(f"{a}\t{n}" for n, a in sorted(self.hosts.items()))]) + "\n")
@@ -745,6 +747,30 @@ class FakeKubelet:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(run.process.popen.pid, signal.SIGKILL)
+
+
+SAFE_SYSCTLS = frozenset(
+    {
+        "kernel.shm_rmid_forced",
+        "net.ipv4.ip_local_port_range",
+        "net.ipv4.tcp_syncookies",
+        "net.ipv4.ping_group_range",
+        "net.ipv4.ip_unprivileged_port_start",
+    }
+)
+"""The sysctls a kubelet sets for a pod without --allowed-unsafe-sysctls (its safe set since 1.22)."""
+
+
+def _apply_sysctls(pod: Obj, netns: str) -> None:
+    """Sets the pod's securityContext.sysctls in its network namespace, as the runtime does; a sysctl
+    outside the safe set is refused as the kubelet refuses it (SysctlForbidden)."""
+    for item in (pod["spec"].get("securityContext") or {}).get("sysctls") or []:
+        name, value = item["name"], item["value"]
+        if name not in SAFE_SYSCTLS:
+            raise ValueError(f"SysctlForbidden: {name} is not a safe sysctl the kubelet allows")
+        if not name.startswith("net."):
+            continue  # IPC namespace sysctls: the pod's processes share the host's IPC namespace here
+        subprocess.run(["ip", "netns", "exec", netns, "sysctl", "-q", "-w", f"{name}={value}"], check=True)
 
 
 def _projected(volume: Obj) -> bool:

@@ -9,6 +9,8 @@ hostPath, also when the ring buffer has moved past the record."""
 from __future__ import annotations
 
 import logging
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -120,8 +122,11 @@ def _root_mount_options(pid: int) -> list[str]:
 
 
 def test_every_container_runs_from_the_image_as_its_manifest_says(cluster: Deployment) -> None:
-    """The remediator as uid 65532 with its fsGroup, no capability, no privilege escalation; the
-    exporter as root, privileged (components/kmsg-privileged); both on the image's read-only root."""
+    """Both as uid 65532 on the image's read-only root. The remediator with its fsGroup, no capability,
+    no privilege escalation. The exporter privileged (components/kmsg-privileged) yet holding no
+    effective capability: CAP_SYSLOG only permitted, through its interpreter's file capability
+    (CAP_CHOWN given up once its state hostPath was taken), with the pod's safe sysctl granting its
+    group ICMP datagram sockets for ping."""
     assert cluster.kubelet is not None
     assert cluster.kubelet.image is not None
     rootfs = cluster.kubelet.image.rootfs
@@ -132,18 +137,27 @@ def test_every_container_runs_from_the_image_as_its_manifest_says(cluster: Deplo
         pid = cluster.kubelet.container_pid(NAMESPACE, name)
         status = _status(pid)
         assert "ro" in _root_mount_options(pid), name
+        assert status["Uid"].split() == ["65532"] * 4, name
+        assert status["Gid"].split() == ["65532"] * 4, name
+        assert "65532" in status["Groups"].split(), name
+        assert int(status["CapEff"], 16) == 0, name
         # The interpreter running is the image's file (the same inode, seen through the container's root).
-        running, shipped = Path(f"/proc/{pid}/exe").stat(), (rootfs / "usr" / "bin" / "python3.11").stat()
-        assert (running.st_dev, running.st_ino) == (shipped.st_dev, shipped.st_ino), name
+        running = Path(f"/proc/{pid}/exe").stat()
         if pod["metadata"]["labels"]["app.kubernetes.io/name"] == REMEDIATOR:
-            assert status["Uid"].split() == ["65532"] * 4, name
-            assert status["Gid"].split() == ["65532"] * 4, name
-            assert "65532" in status["Groups"].split(), name
-            assert int(status["CapEff"], 16) == 0, name
+            shipped = (rootfs / "usr" / "bin" / "python3.11").stat()
+            assert int(status["CapPrm"], 16) == 0, name
             assert status["NoNewPrivs"] == "1", name
         else:
-            assert status["Uid"].split() == ["0"] * 4, name
-            assert int(status["CapEff"], 16) != 0, name
+            shipped = (rootfs / "opt" / "accel-health" / "bin" / "exporter-python").stat()
+            assert int(status["CapPrm"], 16) == 1 << 34, name  # CAP_SYSLOG
+            # /proc/sys/net answers for the reader's network namespace: read it from the pod's.
+            ping_groups = subprocess.run(
+                [shutil.which("nsenter") or "/usr/bin/nsenter", f"--net=/proc/{pid}/ns/net",
+                 shutil.which("sysctl") or "/usr/sbin/sysctl", "-n", "net.ipv4.ping_group_range"],
+                capture_output=True, text=True, check=True, timeout=30,
+            ).stdout.split()  # fmt: skip
+            assert ping_groups == ["65532", "65532"], name
+        assert (running.st_dev, running.st_ino) == (shipped.st_dev, shipped.st_ino), name
 
 
 def _xid_79(url: str) -> float:
@@ -158,8 +172,9 @@ def _xid_79(url: str) -> float:
 
 
 def test_the_exporters_counts_survive_a_restart_of_its_container_in_the_image(cluster: Deployment) -> None:
-    """The state hostPath (/var/lib/accel-health), written by the container as the manifest runs it:
-    after a SIGKILL and a restart, an Xid the ring buffer no longer holds still counts, once."""
+    """The state hostPath (/var/lib/accel-health), made by the kubelet as root and taken over by the
+    container as the manifest runs it (uid 65532): after a SIGKILL and a restart, an Xid the ring
+    buffer no longer holds still counts, once."""
     assert cluster.kubelet is not None
     node = "gpu-node-2"
     (pod,) = [
@@ -173,6 +188,8 @@ def test_the_exporters_counts_survive_a_restart_of_its_container_in_the_image(cl
     wait_for("the Xid counted", lambda: _xid_79(url) == before + 1, timeout=30)
     state = cluster.kubelet.nodes[node] / "var" / "lib" / "accel-health" / STATE_FILE_NAME
     wait_for("the counts saved in the state hostPath", state.is_file, timeout=30)
+    # The kubelet made the hostPath as root; the exporter (uid 65532) took it over and writes there.
+    assert (state.parent.stat().st_uid, state.stat().st_uid) == (65532, 65532)
     # The ring buffer moves on: the Xid's record (and everything before) is overwritten.
     kmsg = cluster.kubelet.nodes[node] / "dev" / "kmsg"
     last = int(kmsg.read_text().splitlines()[-1].split(",")[1])
