@@ -189,9 +189,9 @@ def runtime_config(image: Unpacked, spec: Spec) -> dict[str, Any]:
         caps = [f"CAP_{c}" for c in _all_capabilities()]
     else:
         caps = list(DEFAULT_CAPABILITIES if spec.capabilities is None else spec.capabilities)
-    # As containerd and CRI-O run a non-root user: no ambient capabilities, so none is effective
-    # after exec (a capability added for a non-root container does not work; the exporter runs as
-    # root for CAP_SYSLOG for that reason).
+    # As containerd and CRI-O run a non-root user: no ambient capabilities, so after exec the process
+    # holds only what its program's file capabilities permit within the bounding set (the image's
+    # exporter interpreter: SYSLOG and CHOWN, scripts/image/capabilities.py).
     process["capabilities"] = {
         "bounding": caps,
         "permitted": caps,
