@@ -16,9 +16,10 @@
   runc as a container runtime runs it: the securityContext's user and group (the image's USER when
   none is set), fsGroup as a supplementary group and as the group of the Secret, ConfigMap and
   token files (with group read added, as the kubelet does), the capabilities left after `drop` and
-  `add` (a non-root user holds only what its program's file capabilities permit), `privileged`, `readOnlyRootFilesystem` and
-  `allowPrivilegeEscalation`, the pod's safe sysctls (set in its network namespace; an unsafe one is
-  refused); the image's own environment and PATH under the manifest's env. Not
+  `add` (a non-root user holds only what its program's file capabilities permit), `privileged`,
+  `readOnlyRootFilesystem` and `allowPrivilegeEscalation`, the pod's safe sysctls (set in its network
+  namespace; an unsafe one is refused); the image's own environment and PATH under the manifest's
+  env. Not
   played: seccomp profiles, resource limits, the device cgroup of an unprivileged container.
   Without `image`, the command runs from the development virtualenv as root (`tests.kube.podrun`):
   what a scenario uses that needs a debugger-level view of the process.
