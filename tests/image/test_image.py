@@ -236,12 +236,22 @@ def test_the_exporters_interpreter_holds_the_images_only_file_capability_and_not
 def test_the_exporter_in_the_image_serves_the_fixture_node_as_the_source_tree_does(
     image: Unpacked, tmp_path: Path
 ) -> None:
+    """Compared once each has read the whole kernel log (its records counted): before that, a scrape
+    races the follower thread, and a GPU's UUID (from the log) may not be known yet."""
+    records = len(
+        re.findall(r"^\d+,", (GPU_NODE / "kmsg").read_text(), flags=re.MULTILINE)
+    )  # not continuations
+
+    def read_all(url: str) -> bool:
+        return sum(_samples(url, "accel_kmsg_records_total").values()) == records
+
     (tmp_path / "host").mkdir()
     (tmp_path / "image").mkdir()
     host = spawn_exporter(
         kmsg=GPU_NODE / "kmsg", sysfs_root=GPU_NODE / "sys", log=tmp_path / "host.log", flags=("--nvml=off",)
     )
     try:
+        assert wait_until(lambda: read_all(host.url), timeout=10)
         expected = normalise(host.scrape())
     finally:
         host.process.terminate()
@@ -254,9 +264,8 @@ def test_the_exporter_in_the_image_serves_the_fixture_node_as_the_source_tree_do
         "--nvml=off",
     ]
     with run(image, tmp_path / "image", args, {"/node": GPU_NODE}) as container:
-        assert wait_until(lambda: container.listening() is not None, timeout=10), container.log.read_text()
-        url = container.listening()
-        assert url is not None
+        url = container.url()
+        assert wait_until(lambda: read_all(url), timeout=10), container.log.read_text()
         status, body = _get(url + "/metrics")
     assert status == 200
     assert normalise(body.decode()) == expected

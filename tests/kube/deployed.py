@@ -67,7 +67,7 @@ from tests.kube.controlplane import (
     start_control_plane,
     wait_for,
 )
-from tests.kube.kubelet import FakeKubelet, KubeletSettings, write_kmsg
+from tests.kube.kubelet import MULTUS_NETWORKS, FakeKubelet, KubeletSettings, write_kmsg
 from tests.kube.network import Loop, ServiceProxy, SkewProxy
 from tests.kube.podnet import PodNetwork
 from tests.kube.rest import ApiError, Obj, Rest
@@ -197,6 +197,10 @@ class PodDiscovery:
 
     rest: Rest
     folder: Path
+    exporter_networks: tuple[str, ...] = ()
+    """Secondary networks the exporter pods are attached to, with the Multus annotation on the
+    DaemonSet's pod template, as deploy/README tells a user to patch it in (the ping and iperf checks
+    measure them)."""
     extra_pods: list[Obj] = field(default_factory=list)
     """Pods discovered besides the API server's (see Deployment.extra_pods)."""
     _configs: dict[Path, Obj] = field(default_factory=dict)
@@ -310,6 +314,10 @@ class Deployment:
     """Every connection the pods open or accept (see connections_seen)."""
     prometheus_address: str = "127.0.0.1"
     """Where Prometheus's web port is (its pod address, once started in a pod namespace)."""
+    exporter_networks: tuple[str, ...] = ()
+    """Secondary networks the exporter pods are attached to, with the Multus annotation on the
+    DaemonSet's pod template, as deploy/README tells a user to patch it in (the ping and iperf checks
+    measure them)."""
     extra_pods: list[Obj] = field(default_factory=list)
     """Pods Prometheus discovers besides the cluster's, as pod discovery would list them (benchmarks:
     a simulated fleet's exporters, bench/fleet.py). They are not in the API server."""
@@ -420,6 +428,11 @@ class Deployment:
                     policy = yaml.safe_load(obj["data"]["policy.yaml"])
                     _merge(policy, self.policy_override)
                     obj["data"]["policy.yaml"] = yaml.safe_dump(policy)
+        if self.exporter_networks:
+            for obj in objects:
+                if obj["kind"] == "DaemonSet" and obj["metadata"]["name"] == EXPORTER:
+                    template = obj["spec"]["template"]["metadata"]
+                    template.setdefault("annotations", {})[MULTUS_NETWORKS] = ",".join(self.exporter_networks)
         crds = operator_crds(objects)
         if crds:
             self.plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(crds))

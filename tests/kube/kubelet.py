@@ -9,7 +9,9 @@
   $(VAR) expanded), in a network namespace of their own and with their volumes mounted at their
   mountPaths (Secrets, ConfigMaps, emptyDirs, hostPaths from the fake node's root, the
   service-account token unless automount is off), env from values, fieldRefs and ConfigMap or Secret
-  keys, and an /etc/hosts naming the Services the harness plays outside the API (`hosts`); readiness
+  keys, and an /etc/hosts naming the Services the harness plays outside the API (`hosts`), the
+  secondary networks of its Multus `k8s.v1.cni.cncf.io/networks` annotation (interfaces net1, ...,
+  listed in `network-status` as Multus does); readiness
   follows the manifest's readinessProbe. A process that exits is restarted (restartPolicy Always) and
   counted in restartCount.
 - With `image` (the image `make image` built, unpacked), each such container is the image run by
@@ -59,6 +61,8 @@ from tests.kube.rest import ApiError, Obj
 logger = logging.getLogger("tests.kube.kubelet")
 REPO = Path(__file__).resolve().parents[2]
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+MULTUS_NETWORKS = "k8s.v1.cni.cncf.io/networks"
+MULTUS_NETWORK_STATUS = "k8s.v1.cni.cncf.io/network-status"
 _VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
@@ -612,6 +616,7 @@ class FakeKubelet:
         netns, ip = self.network.add_pod()
         self.addresses[ip] = pod
         _apply_sysctls(pod, netns)
+        self._attach_networks(pod, netns, ip)
         hosts = pod_dir / "etc-hosts"
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback", f"{ip}\t{meta['name']}"]
         hosts.write_text("\n".join([*lines, *(f"{a}\t{n}" for n, a in sorted(self.hosts.items()))]) + "\n")
@@ -639,6 +644,28 @@ class FakeKubelet:
             spec_file=spec_file,
             projected=projected,
             projected_at=time.monotonic(),
+        )
+
+    def _attach_networks(self, pod: Obj, netns: str, ip: str) -> None:
+        """Plays Multus: each network the pod's `k8s.v1.cni.cncf.io/networks` annotation names (`name`
+        or `namespace/name`, comma-separated) becomes an interface net1, net2, ... on a secondary
+        network (tests/kube/podnet.py), and the pod's `k8s.v1.cni.cncf.io/network-status`
+        annotation lists them after the cluster network, as Multus writes it."""
+        assert self.network is not None
+        meta = pod["metadata"]
+        wanted = (meta.get("annotations") or {}).get(MULTUS_NETWORKS, "")
+        names = [n.strip() for n in wanted.split(",") if n.strip()]
+        if not names:
+            return
+        status: list[Obj] = [{"name": "cluster", "interface": "eth0", "ips": [ip], "default": True}]
+        for i, name in enumerate(names, start=1):
+            network = name if "/" in name else f"{meta['namespace']}/{name}"
+            address = self.network.attach(netns, network, f"net{i}")
+            self.addresses[address] = pod
+            status.append({"name": network, "interface": f"net{i}", "ips": [address], "default": False})
+        self.plane.admin.merge_patch(
+            f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+            {"metadata": {"annotations": {MULTUS_NETWORK_STATUS: json.dumps(status)}}},
         )
 
     def _exec(self, netns: str, spec_file: Path, *, name: str) -> Process:

@@ -1,6 +1,8 @@
 """Pod networking for process-backed pods: one Linux bridge on the host and a network namespace per
 pod, each with its own address, so every pod listens on its manifest's own port (0.0.0.0:9836 twice
-is two pods, not a conflict) and Prometheus scrapes pod IPs as it does in a cluster.
+is two pods, not a conflict) and Prometheus scrapes pod IPs as it does in a cluster. A pod may also be
+attached to secondary networks (`attach`: a bridge per network, an interface `net1`, ... in the pod,
+as Multus attaches RDMA/RoCE networks), which the exporters' ping and iperf checks measure.
 
 Addresses come from 10.213.N.0/24, N chosen per run; they exist only inside this machine's own
 namespaces and the bridge this module creates and removes. Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN)
@@ -66,6 +68,9 @@ class PodNetwork:
     _namespaces: list[str] = field(default_factory=list)
     _host_ends: list[str] = field(default_factory=list)
     _holders: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    _secondary: dict[str, int] = field(default_factory=dict)
+    """Secondary network name -> its index k: bridge `ahs<id>k`, addresses 10.(214+k).N.0/24."""
+    _attached: dict[str, int] = field(default_factory=dict)
 
     @property
     def bridge(self) -> str:
@@ -116,6 +121,35 @@ class PodNetwork:
             self._track(ns)
         return ns, ip
 
+    def attach(self, ns: str, network: str, interface: str) -> str:
+        """Attaches the pod namespace ``ns`` to the secondary network ``network`` (a bridge of its own,
+        as a Multus NetworkAttachmentDefinition of the bridge plugin makes one) as ``interface``;
+        returns the pod's address there. Its routes stay on eth0: the network is reached only by its
+        own subnet, as an RDMA/RoCE attachment is."""
+        if network not in self._secondary:
+            if len(self._secondary) >= 8:
+                raise RuntimeError("no secondary network left (8)")
+            k = self._secondary[network] = len(self._secondary)
+            bridge = f"ahs{self.ident}{k}"
+            _ip("link", "add", bridge, "type", "bridge")
+            _ip("link", "set", bridge, "up")
+        k = self._secondary[network]
+        n = self._attached.get(network, 10)
+        if n > 250:
+            raise RuntimeError(f"secondary network {network} exhausted (240 pods)")
+        self._attached[network] = n + 1
+        host_end, pod_end = f"as{self.ident}{k}h{n}", f"as{self.ident}{k}c{n}"
+        ip = f"10.{214 + k}.{self.subnet}.{n}"
+        _ip("link", "add", host_end, "type", "veth", "peer", "name", pod_end)
+        self._host_ends.append(host_end)
+        _ip("link", "set", pod_end, "netns", ns)
+        _ip("link", "set", host_end, "master", f"ahs{self.ident}{k}")
+        _ip("link", "set", host_end, "up")
+        _ip("-n", ns, "link", "set", pod_end, "name", interface)
+        _ip("-n", ns, "addr", "add", f"{ip}/24", "dev", interface)
+        _ip("-n", ns, "link", "set", interface, "up")
+        return ip
+
     def _track(self, ns: str) -> None:
         """Switch connection tracking on inside `ns` (a rule that matches on conntrack state makes the
         kernel track that namespace's connections; it accepts what the policy ACCEPT would anyway) and
@@ -163,4 +197,7 @@ class PodNetwork:
         for ns in self._namespaces:
             _ip("netns", "del", ns, check=False)
         self._namespaces.clear()
+        for k in self._secondary.values():
+            _ip("link", "del", f"ahs{self.ident}{k}", check=False)
+        self._secondary.clear()
         _ip("link", "del", self.bridge, check=False)

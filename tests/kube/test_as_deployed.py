@@ -11,6 +11,8 @@ Before the drain, the node's evidence is fetched from its exporter with the chec
 set and stored in one immutable ConfigMap. A quarantine's durable copy (a ConfigMap) is deleted when a
 human hands the node back, and every shipped RBAC rule is used, none refused.
 The leader reads every member of the Alertmanager cluster the manifests name, and honours a silence.
+The exporters, attached to a secondary network as a user's Multus annotation attaches them, ping and
+iperf each other on demand.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import urllib.request
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -59,7 +62,11 @@ def cluster(workdir: Path) -> Iterator[Deployment]:
     # Replacement pods take 2 s to become Ready, so a drain under a PDB takes seconds per pod and the
     # leader can be killed in the middle of one.
     with Deployment(
-        workdir=workdir, overlay="enforce", gpu_nodes=3, kubelet_settings=KubeletSettings(start_delay=2.0)
+        workdir=workdir,
+        overlay="enforce",
+        gpu_nodes=3,
+        kubelet_settings=KubeletSettings(start_delay=2.0),
+        exporter_networks=("rdma-0",),
     ) as deployment:
         add_training(deployment, replicas=6, mirror_pods_on=("gpu-node-1", "gpu-node-2"))
         deployment.wait_ready()
@@ -447,6 +454,40 @@ def test_every_shipped_rbac_rule_of_the_remediator_is_used(cluster: Deployment) 
     assert unused == []
 
 
+def test_the_exporters_ping_and_iperf_each_other_over_their_secondary_network(cluster: Deployment) -> None:
+    """The active checks `ping` and `iperf` as the overlay ships them, on demand, on an exporter from
+    the image (uid 65532): its peers are the other exporter pods, listed with the exporter's own RBAC,
+    at their addresses on `rdma-0` from the Multus annotation; ping opens ICMP datagram sockets through
+    the pod's ping_group_range sysctl (no capability), iperf3 measures to the `iperf3 -s` beside each
+    peer with its stream files in the /tmp emptyDir. The module's last test holds these connections
+    against the NetworkPolicies."""
+    exporters = cluster.pods(selector=f"app.kubernetes.io/name={EXPORTER}")
+    by_node = {p["spec"]["nodeName"]: p for p in exporters if _ready(p)}
+    assert set(by_node) == {"gpu-node-1", "gpu-node-2", "gpu-node-3"}
+    peers = {}
+    for node, pod in by_node.items():
+        status = json.loads(pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"])
+        (secondary,) = [s for s in status if not s["default"]]
+        assert (secondary["name"], secondary["interface"]) == (f"{NAMESPACE}/rdma-0", "net1")
+        peers[node] = secondary["ips"][0]
+    url = f"http://{by_node['gpu-node-2']['status']['podIP']}:9835/checks?check=ping,iperf&seconds=1"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {cluster.checks_token}"})
+    with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310 -- a pod of the harness
+        answer = json.load(response)
+    results = {r["check"]: r for r in answer["results"]}
+    assert answer["verdict"] == "pass", answer
+    # One result per (own interface, peer node): the two other nodes over net1.
+    ping = {d["device"]: d for d in results["ping"]["devices"]}
+    assert set(ping) == {"net1/gpu-node-1", "net1/gpu-node-3"}, ping
+    assert all(d["verdict"] == "pass" and d["values"]["reachable"] == 1 for d in ping.values()), ping
+    iperf = {d["device"]: d for d in results["iperf"]["devices"]}
+    assert set(iperf) == set(ping), iperf
+    assert all(d["verdict"] == "pass" and d["values"]["bytes_per_second"] > 0 for d in iperf.values()), iperf
+    # Over rdma-0's addresses, not the cluster network's.
+    assert len(set(peers.values())) == 3
+    assert all(address.startswith("10.214.") for address in peers.values()), peers
+
+
 def test_every_connection_the_pods_made_is_one_the_rendered_network_policies_allow(
     cluster: Deployment,
 ) -> None:
@@ -457,5 +498,10 @@ def test_every_connection_the_pods_made_is_one_the_rendered_network_policies_all
     webhook = ("monitoring/alertmanager", f"{NAMESPACE}/{REMEDIATOR}", 9836, "TCP")
     # The evidence step's GET /evidence on the faulty node's exporter pod.
     evidence = (f"{NAMESPACE}/{REMEDIATOR}", f"{NAMESPACE}/{EXPORTER}", 9835, "TCP")
-    flows = check_network_policies(cluster, expected=ALWAYS_CONNECTED | {webhook, evidence})
+    # The exporters' ping and iperf3 between each other (over rdma-0, judged as if policed there too).
+    network_checks = {
+        (f"{NAMESPACE}/{EXPORTER}", f"{NAMESPACE}/{EXPORTER}", 0, "ICMP"),
+        (f"{NAMESPACE}/{EXPORTER}", f"{NAMESPACE}/{EXPORTER}", 5201, "TCP"),
+    }
+    flows = check_network_policies(cluster, expected=ALWAYS_CONNECTED | {webhook, evidence} | network_checks)
     logger.info("connections seen:\n%s", "\n".join(map(str, flows)))
