@@ -11,7 +11,8 @@
   service-account token unless automount is off), env from values, fieldRefs and ConfigMap or Secret
   keys, and an /etc/hosts naming the Services the harness plays outside the API (`hosts`), the
   secondary networks of its Multus `k8s.v1.cni.cncf.io/networks` annotation (interfaces net1, ...,
-  listed in `network-status` as Multus does); readiness
+  listed in `network-status` as Multus does), and with `nvidia_library` the NVIDIA runtime's NVML
+  library in a container that asks for the GPUs; readiness
   follows the manifest's readinessProbe. A process that exits is restarted (restartPolicy Always) and
   counted in restartCount.
 - With `image` (the image `make image` built, unpacked), each such container is the image run by
@@ -61,6 +62,7 @@ from tests.kube.rest import ApiError, Obj
 logger = logging.getLogger("tests.kube.kubelet")
 REPO = Path(__file__).resolve().parents[2]
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+NVML_IN_IMAGE = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 MULTUS_NETWORKS = "k8s.v1.cni.cncf.io/networks"
 MULTUS_NETWORK_STATUS = "k8s.v1.cni.cncf.io/network-status"
 _VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -126,6 +128,11 @@ class KubeletSettings:
     volume_sync: float = 2.0
     """How often a running pod's Secret and ConfigMap volumes are written again from the API (the
     kubelet's sync period and cache TTL, about a minute, shortened)."""
+    nvidia_library: Path | None = None
+    """The NVIDIA container runtime's part, for containers run from the image: one whose env sets
+    NVIDIA_VISIBLE_DEVICES gets this file, read-only, as the driver's libnvidia-ml.so.1 where the
+    runtime's hook puts it (a directory of the loader's own search; a process holding file
+    capabilities ignores LD_LIBRARY_PATH). Tests mount the NVML stub (tests/exporter/nvml_stub.c)."""
 
 
 def _tolerates(pod: Obj, taint: Obj) -> bool:
@@ -609,6 +616,9 @@ class FakeKubelet:
             for source, mount_path, _ro in mounts:
                 self._mount_point(mount_path, is_file=Path(source).is_file())
         env = self._env(pod, container)
+        nvidia = self.settings.nvidia_library
+        if self.image is not None and nvidia is not None and "NVIDIA_VISIBLE_DEVICES" in env:
+            mounts.append((str(nvidia), NVML_IN_IMAGE, True))
         argv = [*container.get("command", []), *container.get("args", [])]
         argv = [_VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), a) for a in argv]
         if self.image is None:

@@ -32,6 +32,7 @@ from kubernetes.aio import client as k8s
 from remediator.evidence.store import DATA_KEY, EVIDENCE_LABEL, NODE_LABEL
 from remediator.executors.kubernetes import KubernetesCluster
 from tests.alertmanager_process import rfc3339
+from tests.exporter import stub_driver
 from tests.kube.conftest import deployed_skip_reason
 from tests.kube.controlplane import wait_for
 from tests.kube.deployed import (
@@ -61,11 +62,17 @@ def cluster(workdir: Path) -> Iterator[Deployment]:
         pytest.skip(reason)
     # Replacement pods take 2 s to become Ready, so a drain under a PDB takes seconds per pod and the
     # leader can be killed in the middle of one.
+    # The NVIDIA runtime's NVML library in the exporters: the stub of 8 healthy H100s (a C compiler
+    # builds it; without one the repair scenario skips and the exporters run without NVML).
+    (workdir / "nvidia").mkdir(parents=True, exist_ok=True)
+    built = stub_driver.build(workdir / "nvidia")
     with Deployment(
         workdir=workdir,
         overlay="enforce",
         gpu_nodes=3,
-        kubelet_settings=KubeletSettings(start_delay=2.0),
+        kubelet_settings=KubeletSettings(
+            start_delay=2.0, nvidia_library=None if built is None else built / "libnvidia-ml.so.1"
+        ),
         exporter_networks=("rdma-0",),
     ) as deployment:
         add_training(deployment, replicas=6, mirror_pods_on=("gpu-node-1", "gpu-node-2"))
@@ -284,6 +291,81 @@ def _has_reason(d: Deployment, node: str, part: str) -> bool:
     return any(part in e["reason"] for e in d.events(node))
 
 
+def test_a_rebooted_node_is_verified_by_its_exporter_and_returned_to_the_pool(cluster: Deployment) -> None:
+    """The closed loop with every part from the image. A fatal-Xid alert for gpu-node-3, as Prometheus
+    sends one, reaches the remediator through Alertmanager's shipped route and takes the node out
+    (condition False, cordon, quarantine recorded, drained). The node then reboots (a new boot id)
+    and the alert resolves, as a since-boot counter's does after a reboot (the harness cannot reboot
+    the kernel the exporter reads, so the alert is the one part played at Alertmanager). The loop
+    then runs the policy's checks (remapped, power) on gpu-node-3's exporter, GET /checks with the
+    checks token, the exporter (uid 65532) reading NVML from the library the NVIDIA runtime stand-in
+    mounts, and returns the node: condition True (RepairVerified), uncordoned, AccelReturnedToPool.
+    Here, before the fail-over's fault on gpu-node-2: with gpu-node-1 still out, a third node with a
+    fault firing would be a storm (3 of 3 accelerator nodes) and the breaker would hold it."""
+    assert cluster.kubelet is not None
+    if cluster.kubelet.settings.nvidia_library is None:
+        pytest.skip("no C compiler to build the NVML stub (tests/exporter/nvml_stub.c)")
+    node = "gpu-node-3"
+    labels = {
+        "alertname": "AccelGPUFatalXid",
+        "node": node,
+        "pci_bus_id": "0000:9d:00",
+        "gpu": "4",
+        "xid": "79",
+        "xid_class": "reset",
+        "severity": "critical",
+        "remediation": "drain",
+    }
+
+    def send(ends: float) -> None:
+        alert = {"labels": labels, "startsAt": rfc3339(started), "endsAt": rfc3339(ends)}
+        for member in range(len(cluster.alertmanagers)):  # Prometheus sends to every member
+            cluster.alertmanager_api(member, "POST", "/alerts", [alert])
+
+    started = time.time()
+    send(started + 3600)
+
+    def out() -> bool:
+        current = cluster.node(node)
+        condition = _condition(current, "AcceleratorHealthy")
+        return (
+            condition is not None
+            and condition["status"] == "False"
+            and current["spec"].get("unschedulable") is True
+            and "accel-health.io/quarantine" in current["metadata"].get("annotations", {})
+        )
+
+    try:
+        wait_for(f"{node} taken out and its quarantine recorded", out, timeout=90, interval=0.5)
+    except TimeoutError:
+        leader = cluster.leader()
+        actions = cluster.remediator_get(leader, "/actions") if leader is not None else []
+        mine = [a for a in actions if a.get("node") == node]
+        firing = [(a["alertname"], a.get("node")) for a in cluster.firing()]
+        raise AssertionError(f"{node} not taken out; firing: {firing}; the leader decided: {mine}") from None
+    # The operator reboots once the node is drained (a drain still running would keep the node held).
+    wait_for(f"{node} drained", lambda: _drained(cluster, node), timeout=120, interval=0.5)
+    send(time.time())
+    cluster.kubelet.reboot(node)
+
+    def returned() -> bool:
+        current = cluster.node(node)
+        condition = _condition(current, "AcceleratorHealthy")
+        return (
+            condition is not None
+            and condition["status"] == "True"
+            and condition["reason"] == "RepairVerified"
+            and not current["spec"].get("unschedulable")
+        )
+
+    wait_for(f"{node} verified and returned to the pool", returned, timeout=120, interval=0.5)
+    reasons = [e["reason"] for e in cluster.events(node)]
+    assert "AccelReturnedToPool" in reasons, reasons
+    assert "AccelRepairCheckFailed" not in reasons, reasons
+    message = next(e["message"] for e in cluster.events(node) if e["reason"] == "AccelReturnedToPool")
+    assert "remapped, power passed" in message, message
+
+
 def test_killing_the_leader_mid_drain_fails_over_and_the_drain_finishes_once(cluster: Deployment) -> None:
     assert cluster.kubelet is not None
     assert cluster.plane is not None
@@ -302,7 +384,12 @@ def test_killing_the_leader_mid_drain_fails_over_and_the_drain_finishes_once(clu
             for e in _audit(cluster)
         )
 
-    wait_for("the first eviction on the node", first_eviction, timeout=120, interval=0.2)
+    try:
+        wait_for("the first eviction on the node", first_eviction, timeout=120, interval=0.2)
+    except TimeoutError:
+        leader = cluster.leader()
+        actions = cluster.remediator_get(leader, "/actions") if leader is not None else []
+        raise AssertionError(f"no eviction on {node}; the leader decided: {actions[-12:]}") from None
     assert not _drained(cluster, node), "the drain finished before the leader could be killed"
     cluster.kubelet.kill(NAMESPACE, old["metadata"]["name"])
     took = _time(

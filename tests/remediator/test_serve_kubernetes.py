@@ -201,9 +201,17 @@ async def test_started_as_the_enforce_deployment_starts_it_it_finds_in_cluster_c
                 async with http.post("/alerts", json=payload("gpu-fatal-xid")) as resp:
                     assert resp.status == 200, await resp.text()
                 deadline = time.monotonic() + 10
-                while (api.stored("nodes", "gpu-node-1") or {}).get("metadata", {}).get(
-                    "annotations", {}
-                ).get("accel-health.io/drain-status") != "done":
+
+                def finished() -> bool:
+                    # The drain's Event is written after the node's drain-status: wait for both.
+                    node = api.stored("nodes", "gpu-node-1") or {}
+                    done = node.get("metadata", {}).get("annotations", {}).get("accel-health.io/drain-status")
+                    events = {
+                        o["reason"] for (plural, _, _), o in list(api.store.items()) if plural == "events"
+                    }
+                    return done == "done" and "AccelDrainFinished" in events
+
+                while not finished():
                     assert time.monotonic() < deadline, "the drain did not finish"
                     await asyncio.sleep(0.1)
             proc.send_signal(signal.SIGTERM)
