@@ -359,11 +359,14 @@ def test_a_rebooted_node_is_verified_by_its_exporter_and_returned_to_the_pool(cl
         )
 
     wait_for(f"{node} verified and returned to the pool", returned, timeout=120, interval=0.5)
-    reasons = [e["reason"] for e in cluster.events(node)]
-    assert "AccelReturnedToPool" in reasons, reasons
-    assert "AccelRepairCheckFailed" not in reasons, reasons
-    message = next(e["message"] for e in cluster.events(node) if e["reason"] == "AccelReturnedToPool")
-    assert "remapped, power passed" in message, message
+
+    def told() -> list[Obj]:  # the Event is written after the node
+        return [e for e in cluster.events(node) if e["reason"] == "AccelReturnedToPool"]
+
+    wait_for("the AccelReturnedToPool Event", lambda: bool(told()), timeout=30, interval=0.5)
+    (event,) = told()
+    assert "remapped, power passed" in event["message"], event["message"]
+    assert "AccelRepairCheckFailed" not in [e["reason"] for e in cluster.events(node)]
 
 
 def test_killing_the_leader_mid_drain_fails_over_and_the_drain_finishes_once(cluster: Deployment) -> None:
