@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import json
 import os
+import random
 import re
 import secrets
 import shutil
@@ -143,11 +144,32 @@ class PipelineError(RuntimeError):
     """A part of the pipeline did not start or did not do its job in time."""
 
 
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (the source ports of outgoing connections)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A loopback port nothing is bound to now, from the 12,000 below the ephemeral range: a port the
+    kernel hands out for `bind(0)` is an ephemeral one, which any outgoing connection may take as its
+    source port before the server meant for it binds it ("address already in use"); ports below the
+    range are only ever taken by a bind. Picked at random, so that test workers rarely try the same."""
+    low = _ephemeral_low()
+    for _ in range(100):
+        port = random.randrange(max(1024, low - 12000), low)  # noqa: S311 -- not a secret
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # everything there taken: any port
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        found: int = sock.getsockname()[1]
+        return found
 
 
 def port_is_free(port: int) -> bool:

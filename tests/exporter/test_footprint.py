@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from examples.pipeline import free_port
 from exporter.readers.nvml import NVML_LIBRARY
 from tests.exporter.helpers import GPU_NODE
 
@@ -70,18 +70,11 @@ _PROBE = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def exporter_modules(tmp_path: Path, *flags: str) -> set[str]:
     """The modules an exporter started with ``flags`` on gpu-node-1 holds after its first scrape."""
     kmsg = tmp_path / "kmsg"
     shutil.copyfile(GPU_NODE / "kmsg", kmsg)
-    port = _free_port()
+    port = free_port()
     argv = [f"--listen=127.0.0.1:{port}", f"--kmsg={kmsg}", f"--sysfs-root={GPU_NODE / 'sys'}", *flags]
     done = subprocess.run(
         [sys.executable, "-c", _PROBE % {"port": port, "argv": argv}],

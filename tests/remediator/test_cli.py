@@ -7,7 +7,6 @@ import http.client
 import json
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from examples.pipeline import free_port
 from remediator.cli import main
 from remediator.executors.snapshot import SnapshotCluster, SnapshotError
 from tests.remediator.conftest import PAYLOADS, SNAPSHOT
@@ -110,13 +110,6 @@ def test_a_malformed_snapshot_names_the_file_and_the_item(tmp_path: Path) -> Non
         SnapshotCluster.from_file(snap)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def test_serve_refuses_contradicting_or_broken_auth_and_tls_options(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -140,7 +133,7 @@ def test_serve_refuses_contradicting_or_broken_auth_and_tls_options(
 def test_serve_logs_where_it_listens_and_exits_cleanly_on_sigterm(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret\n")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "remediator.cli", "--dry-run", f"--listen=127.0.0.1:{port}",
          f"--cluster-snapshot={SNAPSHOT}", f"--token-file={token}"],
@@ -197,7 +190,7 @@ def test_serve_speaks_tls_with_basic_auth_and_can_start_paused(tmp_path: Path) -
     )  # fmt: skip
     basic = tmp_path / "basic"
     basic.write_text("alertmanager:pa55\n")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "remediator.cli", f"--listen=127.0.0.1:{port}",
          f"--cluster-snapshot={SNAPSHOT}", f"--basic-auth-file={basic}", f"--tls-cert-file={cert}",

@@ -14,7 +14,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -25,16 +24,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from examples.pipeline import free_port
 from tests.deploy.kube import DEPLOY, containers, expanded_args, find, kubectl_problem, render
 from tests.remediator.conftest import payload
 from tests.remediator.fake_apiserver import node, serve
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _kubeconfig(path: Path, server: str) -> Path:
@@ -50,7 +43,7 @@ def _kubeconfig(path: Path, server: str) -> Path:
 async def test_the_service_leads_acts_on_the_cluster_and_hands_the_lease_back(tmp_path: Path) -> None:
     async with serve() as (api, url):
         api.add(node("gpu-node-1"))
-        port = _free_port()
+        port = free_port()
         body = payload("gpu-fatal-xid")
         body["alerts"][0]["labels"]["remediation"] = "cordon"
         proc = await asyncio.create_subprocess_exec(
@@ -170,7 +163,7 @@ async def test_started_as_the_enforce_deployment_starts_it_it_finds_in_cluster_c
     argv, pod_env = _as_deployed("enforce", tmp_path)
     assert not any(a.startswith(("--kubeconfig", "--in-cluster", "--lease-duration")) for a in argv)
     listen = next(a for a in argv if a.startswith("--listen="))
-    port = _free_port()
+    port = free_port()
     argv[argv.index(listen)] = f"--listen=127.0.0.1:{port}"  # the pod's 0.0.0.0:9836, on a free port
     cert, key = _certificate(tmp_path)
     sa_dir = tmp_path / "serviceaccount"
