@@ -40,7 +40,6 @@ class Capability(enum.IntEnum):
     """The capabilities the exporter knows by name (their numbers in linux/capability.h)."""
 
     CHOWN = 0
-    NET_RAW = 13
     SYSLOG = 34
 
 
@@ -145,7 +144,8 @@ def take_directory(path: Path) -> bool:
         try:
             os.chown(path, uid, gid)
             for entry in path.iterdir():
-                if stat.S_ISREG(entry.lstat().st_mode) and entry.lstat().st_uid != uid:
+                found = entry.lstat()
+                if stat.S_ISREG(found.st_mode) and found.st_uid != uid:
                     os.chown(entry, uid, gid, follow_symlinks=False)
         except OSError as exc:
             logger.warning("cannot take state directory %s for uid %d: %s", path, uid, exc.strerror or exc)

@@ -239,6 +239,12 @@ def _all_capabilities() -> list[str]:
     return [name for bit, name in enumerate(names) if bounding >> bit & 1]
 
 
+def process_status(pid: int) -> dict[str, str]:
+    """/proc/PID/status of a container's process as the host sees it (Uid, CapEff, NoNewPrivs, ...)."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {key: value.strip() for key, _, value in (line.partition(":") for line in lines)}
+
+
 def write_bundle(image: Unpacked, spec: Spec, bundle: Path) -> Path:
     """A runc bundle (its config.json; the root filesystem stays the shared, read-only unpacked one)."""
     bundle.mkdir(parents=True, exist_ok=True)

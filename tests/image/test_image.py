@@ -28,20 +28,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from examples.pipeline import free_port
+from exporter.privileges import Capability
 from tests.exporter.helpers import GPU_NODE, spawn_exporter, wait_until
 from tests.exporter.test_golden import normalise
 from tests.image import oci
 from tests.image.oci import VERSION, Mount, Spec, Unpacked, tool
 from tests.kube.kubelet import write_kmsg
+from tests.kube.podnet import set_sysctl
 
 REPO = Path(__file__).resolve().parents[2]
 REQUIRED = os.environ.get("ACCEL_HEALTH_IMAGE_TEST") == "require"
 PAYLOAD = REPO / "examples" / "payloads" / "gpu-fatal-xid.json"
 SNAPSHOT = REPO / "examples" / "cluster-snapshot.yaml"
 _PROJECT = oci._PROJECT
-CAP_CHOWN, CAP_SYSLOG = 0, 34
+CAP_CHOWN, CAP_SYSLOG = Capability.CHOWN, Capability.SYSLOG
 XID_79 = "NVRM: Xid (PCI:0000:9d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 
 
@@ -76,9 +79,7 @@ class Container:
         state = subprocess.run(
             [tool("runc"), "state", self.name], capture_output=True, text=True, check=True, timeout=30
         )
-        pid = json.loads(state.stdout)["pid"]
-        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-        return {key: value.strip() for key, _, value in (line.partition(":") for line in lines)}
+        return oci.process_status(json.loads(state.stdout)["pid"])
 
     def listening(self, marker: str = "listening on 127.0.0.1:") -> str | None:
         text = self.log.read_text()
@@ -273,15 +274,15 @@ def test_the_exporter_in_the_image_serves_the_fixture_node_as_the_source_tree_do
 
 
 def _samples(url: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """The samples named ``name`` on ``url``/metrics: sorted labels -> value."""
     status, body = _get(url + "/metrics")
     assert status == 200
-    found = {}
-    for line in body.decode().splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            series, _, value = line.rpartition(" ")
-            labels = re.findall(r'(\w+)="([^"]*)"', series)
-            found[tuple(sorted(labels))] = float(value)
-    return found
+    return {
+        tuple(sorted(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(body.decode())
+        for sample in family.samples
+        if sample.name == name
+    }
 
 
 def _mask(status: dict[str, str], key: str) -> int:
@@ -476,8 +477,7 @@ def _network_namespace(ping_group_range: str | None = None) -> Iterator[Path]:
     try:
         subprocess.run([ip, "netns", "exec", name, ip, "link", "set", "lo", "up"], check=True, timeout=30)
         if ping_group_range is not None:
-            setting = f"net.ipv4.ping_group_range={ping_group_range}"
-            subprocess.run([ip, "netns", "exec", name, "sysctl", "-q", "-w", setting], check=True, timeout=30)
+            set_sysctl(name, "net.ipv4.ping_group_range", ping_group_range)
         yield Path("/var/run/netns") / name
     finally:
         subprocess.run([ip, "netns", "delete", name], check=False, timeout=30)

@@ -56,7 +56,7 @@ from pathlib import Path
 
 from tests.image import oci
 from tests.kube.controlplane import ControlPlane, Process, spawn
-from tests.kube.podnet import PodNetwork
+from tests.kube.podnet import PodNetwork, set_sysctl
 from tests.kube.rest import ApiError, Obj
 
 logger = logging.getLogger("tests.kube.kubelet")
@@ -808,7 +808,7 @@ def _apply_sysctls(pod: Obj, netns: str) -> None:
             raise ValueError(f"SysctlForbidden: {name} is not a safe sysctl the kubelet allows")
         if not name.startswith("net."):
             continue  # IPC namespace sysctls: the pod's processes share the host's IPC namespace here
-        subprocess.run(["ip", "netns", "exec", netns, "sysctl", "-q", "-w", f"{name}={value}"], check=True)
+        set_sysctl(netns, name, value)
 
 
 def _projected(volume: Obj) -> bool:

@@ -31,6 +31,13 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=20)
 
 
+def set_sysctl(ns: str, name: str, value: str) -> None:
+    """Sets the sysctl ``name`` (a ``net.*`` one, per network namespace) in the namespace ``ns``."""
+    subprocess.run(
+        ["ip", "netns", "exec", ns, "sysctl", "-q", "-w", f"{name}={value}"], check=True, timeout=20
+    )
+
+
 def available() -> str | None:
     """None when pod networks can be made here, else the reason they cannot."""
     if os.geteuid() != 0:
@@ -107,15 +114,8 @@ class PodNetwork:
         ip = f"10.213.{self.subnet}.{n}"
         _ip("netns", "add", ns)
         self._namespaces.append(ns)
-        _ip("link", "add", host_end, "type", "veth", "peer", "name", pod_end)
-        self._host_ends.append(host_end)
-        _ip("link", "set", pod_end, "netns", ns)
-        _ip("link", "set", host_end, "master", self.bridge)
-        _ip("link", "set", host_end, "up")
         _ip("-n", ns, "link", "set", "lo", "up")
-        _ip("-n", ns, "link", "set", pod_end, "name", "eth0")
-        _ip("-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
-        _ip("-n", ns, "link", "set", "eth0", "up")
+        self._wire(ns, self.bridge, (host_end, pod_end), "eth0", ip)
         _ip("-n", ns, "route", "add", "default", "via", self.host_ip)
         if self.track_problem is None:
             self._track(ns)
@@ -138,17 +138,23 @@ class PodNetwork:
         if n > 250:
             raise RuntimeError(f"secondary network {network} exhausted (240 pods)")
         self._attached[network] = n + 1
-        host_end, pod_end = f"as{self.ident}{k}h{n}", f"as{self.ident}{k}c{n}"
         ip = f"10.{214 + k}.{self.subnet}.{n}"
+        ends = (f"as{self.ident}{k}h{n}", f"as{self.ident}{k}c{n}")
+        self._wire(ns, f"ahs{self.ident}{k}", ends, interface, ip)
+        return ip
+
+    def _wire(self, ns: str, bridge: str, ends: tuple[str, str], interface: str, ip: str) -> None:
+        """A veth pair (host end, pod end) from ``bridge`` into ``ns``, the pod end named ``interface``
+        there with ``ip``/24, both up."""
+        host_end, pod_end = ends
         _ip("link", "add", host_end, "type", "veth", "peer", "name", pod_end)
         self._host_ends.append(host_end)
         _ip("link", "set", pod_end, "netns", ns)
-        _ip("link", "set", host_end, "master", f"ahs{self.ident}{k}")
+        _ip("link", "set", host_end, "master", bridge)
         _ip("link", "set", host_end, "up")
         _ip("-n", ns, "link", "set", pod_end, "name", interface)
         _ip("-n", ns, "addr", "add", f"{ip}/24", "dev", interface)
         _ip("-n", ns, "link", "set", interface, "up")
-        return ip
 
     def _track(self, ns: str) -> None:
         """Switch connection tracking on inside `ns` (a rule that matches on conntrack state makes the

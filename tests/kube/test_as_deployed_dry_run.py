@@ -19,7 +19,9 @@ from urllib.request import urlopen
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.privileges import Capability
 from exporter.readers.kmsg import STATE_FILE_NAME
+from tests.image.oci import process_status
 from tests.kube.conftest import deployed_skip_reason
 from tests.kube.controlplane import wait_for
 from tests.kube.deployed import (
@@ -108,11 +110,6 @@ def test_the_dry_run_overlay_records_every_decision_and_changes_nothing(cluster:
     assert {resource for _verb, resource, _name in writes} == {"leases"}, writes
 
 
-def _status(pid: int) -> dict[str, str]:
-    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    return {key: value.strip() for key, _, value in (line.partition(":") for line in lines)}
-
-
 def _root_mount_options(pid: int) -> list[str]:
     for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
         fields = line.split()
@@ -135,7 +132,7 @@ def test_every_container_runs_from_the_image_as_its_manifest_says(cluster: Deplo
     for pod in pods:
         name = pod["metadata"]["name"]
         pid = cluster.kubelet.container_pid(NAMESPACE, name)
-        status = _status(pid)
+        status = process_status(pid)
         assert "ro" in _root_mount_options(pid), name
         assert status["Uid"].split() == ["65532"] * 4, name
         assert status["Gid"].split() == ["65532"] * 4, name
@@ -149,7 +146,7 @@ def test_every_container_runs_from_the_image_as_its_manifest_says(cluster: Deplo
             assert status["NoNewPrivs"] == "1", name
         else:
             shipped = (rootfs / "opt" / "accel-health" / "bin" / "exporter-python").stat()
-            assert int(status["CapPrm"], 16) == 1 << 34, name  # CAP_SYSLOG
+            assert int(status["CapPrm"], 16) == 1 << Capability.SYSLOG, name
             # /proc/sys/net answers for the reader's network namespace: read it from the pod's.
             ping_groups = subprocess.run(
                 [shutil.which("nsenter") or "/usr/bin/nsenter", f"--net=/proc/{pid}/ns/net",
