@@ -9,12 +9,14 @@ Running needs root (runc with the image's own uid inside), and buildah, skopeo, 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,11 +91,23 @@ class Unpacked:
         return dict(e.split("=", 1) for e in self.config["config"].get("Env") or [])
 
 
+@contextlib.contextmanager
+def _one_at_a_time() -> Iterator[None]:
+    """Held while the image is built or unpacked: test workers (pytest-xdist) each call `build` and
+    `unpack`, and two builds at once replace each other's build context ("cp: ... are the same file"),
+    two unpacks remove each other's tree."""
+    CACHE.parent.mkdir(parents=True, exist_ok=True)
+    with (CACHE.parent / "unpack.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def build(*, cold: bool = False) -> None:
     """`scripts/image/build.sh`: a warm rebuild (seconds, no network) or, with ``cold``, a full one.
     Raises ImageUnavailable when the caches are cold and ``cold`` is not given."""
     argv = [tool("bash"), str(BUILD)] + ([] if cold else ["--if-warm"])
-    built = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=1800, cwd=REPO)
+    with _one_at_a_time():
+        built = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=1800, cwd=REPO)
     if built.returncode == 3:
         raise ImageUnavailable(built.stderr.strip().splitlines()[-1].removeprefix("image: "))
     if built.returncode != 0:
@@ -102,6 +116,11 @@ def build(*, cold: bool = False) -> None:
 
 def unpack() -> Unpacked:
     """The image in containers-storage, unpacked once per digest (the older ones removed)."""
+    with _one_at_a_time():
+        return _unpack()
+
+
+def _unpack() -> Unpacked:
     digest = subprocess.run(
         [tool("skopeo"), "inspect", "--format", "{{.Digest}}", f"containers-storage:{IMAGE}"],
         capture_output=True,
