@@ -19,6 +19,7 @@ the fleet. Nothing here imports aiohttp, kubernetes or boto3.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections import deque
@@ -360,9 +361,20 @@ class RateLimiter:
             "re-evaluated when Alertmanager resends",
         )
 
-    def commit(self, kind: str) -> None:
-        if kind in self._limits:
-            self._prune(kind).append(self._clock())
+    def commit(self, kind: str) -> float | None:
+        """Count one action of `kind` now; its time (None when the kind has no limit)."""
+        if kind not in self._limits:
+            return None
+        at = self._clock()
+        self._prune(kind).append(at)
+        return at
+
+    def uncommit(self, kind: str, at: float) -> None:
+        """An action counted at `at` did not happen after all: its slot is free again."""
+        times = self._times.get(kind)
+        if times is not None:
+            with contextlib.suppress(ValueError):  # already out of the window
+                times.remove(at)
 
     def usage(self) -> dict[str, int]:
         """Actions counted in the current window, per limited kind."""
@@ -401,6 +413,10 @@ class DisruptionBudget:
         self._percent = max_percent
         self._clock = clock
         self._holds: dict[str, Hold] = {}
+        self._reserved: set[str] = set()
+        """Nodes whose disruptive action passed the check and is being written now (nodes are
+        reconciled in parallel: a reservation keeps a second node from taking the same slot while
+        the first one's write is in flight). Kept across `observe`; ended by `commit` or `unreserve`."""
         self.eligible: int | None = None
         """Eligible nodes, set by the engine before it checks (needed only for max_percent)."""
         self.others: dict[str, str] = {}
@@ -430,8 +446,9 @@ class DisruptionBudget:
 
     @property
     def in_use(self) -> int:
-        """Nodes counted now: ours, plus the eligible nodes already out of service."""
-        return len(self._holds) + len(set(self.others) - set(self._holds))
+        """Nodes counted now: ours (held or being acted on), plus the eligible nodes already out of
+        service."""
+        return len(set(self._holds) | self._reserved | set(self.others))
 
     @property
     def capacity(self) -> int:
@@ -453,8 +470,29 @@ class DisruptionBudget:
         """True when this service disrupted the node and has not given it back."""
         return node in self._holds
 
+    def reserve(self, node: str) -> None:
+        """The node's disruptive action passed the check and is about to be written: counted now."""
+        self._reserved.add(node)
+
+    def unreserve(self, node: str) -> None:
+        """The action was committed (a hold now) or did not happen: the reservation ends."""
+        self._reserved.discard(node)
+
+    @property
+    def reserved(self) -> frozenset[str]:
+        """Nodes whose disruptive action is being written now."""
+        return frozenset(self._reserved)
+
+    def counted(self) -> Mapping[str, Hold]:
+        """Node -> hold, the reservations included (as holds of no kind yet): what a rule's own budget
+        counts as this service's."""
+        out = dict(self._holds)
+        for node in self._reserved - set(out):
+            out[node] = Hold(since=self._clock(), dry_run=False)
+        return out
+
     def check(self, node: str) -> Verdict:
-        if node in self._holds or node in self.others:
+        if node in self._holds or node in self.others or node in self._reserved:
             return Verdict(
                 True,
                 self.name,
@@ -485,6 +523,7 @@ class DisruptionBudget:
         elif hold.dry_run and not dry_run:
             hold.dry_run = False
         hold.kinds.add(kind)
+        self._reserved.discard(node)
 
     def release_dry(self, node: str) -> bool:
         """A dry-run decision gave the node back (live holds follow the nodes: see `observe`)."""

@@ -4,6 +4,7 @@ deliveries, Alertmanager's API), a new leader's rebuild from the nodes, and the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -25,6 +26,7 @@ from remediator.engine.records import NodeView, taint_values
 from remediator.engine.stored import made_up_payload, resolved_alert
 from remediator.evidence.fetch import EvidenceFetcher
 from remediator.evidence.store import EvidenceStore
+from remediator.lifecycle.queue import NodeQueue
 from remediator.payload import Alert, WebhookPayload
 from remediator.policy import Drain, Policy, Selection
 from remediator.record import DRAIN_STATUS, Episode, starts_at_text
@@ -66,7 +68,10 @@ class Engine:
         self.settings = settings
         self._cluster = cluster
         self._clock = clock
-        self._lock = asyncio.Lock()
+        self.queue = NodeQueue()
+        """One reconcile per node at a time, nodes in parallel (remediator/lifecycle/queue.py)."""
+        self._sync_lock = asyncio.Lock()
+        self._latch_lock = asyncio.Lock()
         values = taint_values(policy.rules)
         self.view = NodeView(cluster=cluster, taints=values)
         self.gates = Gates(policy=policy, clock=clock, dry_run=settings.dry_run)
@@ -82,7 +87,7 @@ class Engine:
             view=self.view,
             settings=settings.drain,
             clock=clock,
-            lock=self._lock,
+            lock=self.queue.lock,
         )
         actuator = NodeActuator(
             cluster=cluster,
@@ -183,7 +188,14 @@ class Engine:
     async def start(self) -> None:
         """Rebuild the view from the nodes now. Unusable stored gates pause the service (loudly);
         BackendUnavailable propagates."""
-        async with self._lock:
+        await self._ensure_synced()
+
+    async def _ensure_synced(self) -> None:
+        """Rebuild from the nodes unless done since start or since this replica last became leader
+        (one rebuild at a time; the nodes' reconciles wait for it, not for each other)."""
+        if self._synced:
+            return
+        async with self._sync_lock:
             await self._rebuild()
 
     def became_leader(self) -> None:
@@ -202,9 +214,8 @@ class Engine:
         BackendUnavailable when the API cannot be read: the caller retries), read Alertmanager once,
         then resume the drains a previous leader left running: Alertmanager will not resend their
         alerts for a repeat_interval."""
-        async with self._lock:
-            fresh = not self._synced
-            await self._rebuild()
+        fresh = not self._synced
+        await self._ensure_synced()
         if fresh and self.alertmanager is not None:
             try:
                 async with asyncio.timeout(ALERTMANAGER_READ_SECONDS):
@@ -216,9 +227,8 @@ class Engine:
                 )
             if view is not None:
                 await self.reconcile(view)
-        async with self._lock:
-            resume = {n: a for n, a in self._resume.items() if n not in self.drains.running}
-            self._resume = {}
+        resume = {n: a for n, a in self._resume.items() if n not in self.drains.running}
+        self._resume = {}
         for node, alerts in resume.items():
             logger.warning("resuming the drain of %s left running by the previous leader", node)
             await self.handle(
@@ -285,45 +295,63 @@ class Engine:
     # -- desired state in, decisions out ----------------------------------------------------------
 
     async def handle(self, payload: WebhookPayload) -> list[AlertPlan]:
-        """Decide (and act) on every alert of a delivery, one delivery at a time."""
-        async with self._lock:
-            await self._rebuild()
-            try:
-                observed = await self._observe(payload)
-                plans = [await self.reconciler.handle_alert(o) for o in observed]
-                await self.reconciler.release_held(
-                    {o.node_name for o in observed if o.alert.status == "resolved"}
+        """Decide (and act) on every alert of a delivery: the desired state and the breaker first
+        (no lock: memory only), then each node's alerts under that node's lock, nodes in parallel.
+        BackendUnavailable (the webhook's 503) once every node's work has ended."""
+        await self._ensure_synced()
+        observed = await self._observe(payload)
+        by_node: dict[str, list[int]] = {}
+        for index, item in enumerate(observed):
+            by_node.setdefault(item.node_name, []).append(index)
+        plans: list[AlertPlan | None] = [None] * len(observed)
+
+        async def one(node: str, indices: list[int]) -> None:
+            async with self.queue.lock(node) if node else contextlib.nullcontext():
+                for index in indices:
+                    plans[index] = await self.reconciler.handle_alert(observed[index])
+                if node and any(observed[i].alert.status == "resolved" for i in indices):
+                    await self.reconciler.release_held({node})
+
+        try:
+            if len(by_node) == 1:  # one node (most deliveries): no task of its own
+                await one(*next(iter(by_node.items())))
+            else:
+                results = await asyncio.gather(
+                    *(one(node, indices) for node, indices in by_node.items()), return_exceptions=True
                 )
-                if not self.settings.dry_run and any(r.outcome == "done" for p in plans for r in p.records):
-                    await self._observe_nodes()  # what it holds now, as the nodes show it
-                return plans
-            finally:
-                await self._save_latches()
+                failure = next((r for r in results if isinstance(r, BaseException)), None)
+                if failure is not None:
+                    raise failure
+            done = [p for p in plans if p is not None]
+            if not self.settings.dry_run and any(r.outcome == "done" for p in done for r in p.records):
+                await self._observe_nodes()  # what it holds now, as the nodes show it
+            return done
+        finally:
+            await self._save_latches()
 
     async def reconcile(self, view: AlertmanagerView) -> list[AlertPlan]:
         """Converge on what Alertmanager shows now (remediator/alertmanager.py): decide the alerts
         active there, keep (without acting) those silenced or inhibited, and resolve those this
         service knew firing that no Alertmanager shows any more."""
-        async with self._lock:
-            await self._rebuild()
-            label = self.settings.node_label
-            suppressed = {fp: s.suppressed for fp, s in view.alerts.items() if s.suppressed}
-            self.reconciler.suppressed = suppressed
-            active = [s.alert for s in view.alerts.values() if not s.suppressed]
-            quiet: list[Alert] = []
-            for shown in view.alerts.values():
-                if shown.suppressed:
-                    self.firing.touch(shown.alert.labels.get(label, ""), shown.alert.fingerprint)
-                    quiet.append(shown.alert)
-            # Not shown any more: resolved (the API does not list resolved alerts, so absence is
-            # all there is to tell; every member of the cluster is read, so one that restarted a
-            # moment ago and shows nothing yet is outvoted by the others).
-            now = self._clock()
-            resolved = [
-                resolved_alert(cause.fingerprint, cause.labels, cause.starts_at, now)
-                for _, cause in self.firing.all()
-                if cause.fingerprint not in view.alerts
-            ]
+        await self._ensure_synced()
+        label = self.settings.node_label
+        suppressed = {fp: s.suppressed for fp, s in view.alerts.items() if s.suppressed}
+        self.reconciler.suppressed = suppressed
+        active = [s.alert for s in view.alerts.values() if not s.suppressed]
+        quiet: list[Alert] = []
+        for shown in view.alerts.values():
+            if shown.suppressed:
+                self.firing.touch(shown.alert.labels.get(label, ""), shown.alert.fingerprint)
+                quiet.append(shown.alert)
+        # Not shown any more: resolved (the API does not list resolved alerts, so absence is
+        # all there is to tell; every member of the cluster is read, so one that restarted a
+        # moment ago and shows nothing yet is outvoted by the others).
+        now = self._clock()
+        resolved = [
+            resolved_alert(cause.fingerprint, cause.labels, cause.starts_at, now)
+            for _, cause in self.firing.all()
+            if cause.fingerprint not in view.alerts
+        ]
         plans = [
             self.reconciler.suppressed_plan(
                 a, (await self.reconciler.select(a, a.labels.get(label, ""))).rule
@@ -387,21 +415,27 @@ class Engine:
         if changed:
             self._latch_dirty = True
 
+    def _dirty(self) -> bool:
+        return self._latch_dirty
+
     async def _save_latches(self) -> None:
         if not self._latch_dirty or self.settings.dry_run:
             self._latch_dirty = False
             return
-        try:
-            await self.latches.save(self.gates.pause, self.gates.breaker)
-        except BackendUnavailable as exc:  # the decisions are on the nodes; the latch is saved next time
-            logger.warning("storm breaker latch not saved (%s); saved with the next change", exc)
-            return
-        self._latch_dirty = False
+        async with self._latch_lock:
+            if not self._dirty():
+                return  # saved by another delivery meanwhile
+            self._latch_dirty = False
+            try:
+                await self.latches.save(self.gates.pause, self.gates.breaker)
+            except BackendUnavailable as exc:  # the decisions are on the nodes; saved next time
+                self._latch_dirty = True
+                logger.warning("storm breaker latch not saved (%s); saved with the next change", exc)
 
     async def set_paused(self, paused: bool, reason: str = "") -> bool:
         """Pause or resume every action; True when the switch changed. Saved at once (not in dry-run)."""
-        async with self._lock:
-            await self._rebuild()
+        await self._ensure_synced()
+        async with self._latch_lock:
 
             def apply(pause: Any, _breaker: Any) -> bool:
                 if paused:
@@ -435,13 +469,10 @@ class Engine:
     async def refresh(self) -> None:
         """Observe the nodes now (GET /state, a metrics scrape): a human's uncordon frees the budget
         at once, not at the next delivery."""
-        if self._lock.locked():
-            return  # a delivery is observing them right now
-        async with self._lock:
-            if self._synced:
-                await self._observe_nodes()
-                self._breaker(self.gates.breaker.evaluate(alerting=self._alerting_nodes()))
-                await self._save_latches()
+        if self._synced and not self._sync_lock.locked():
+            await self._observe_nodes()
+            self._breaker(self.gates.breaker.evaluate(alerting=self._alerting_nodes()))
+            await self._save_latches()
 
     def status(self) -> GateStatus:
         """The gates now (evaluates the breaker on the clock, so a scrape sees it close)."""

@@ -7,6 +7,7 @@ it, then `on_end` (the reconciler) records the end for each and decides what fol
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
@@ -98,7 +99,7 @@ class DrainRunner:
         view: NodeView,
         settings: DrainSettings,
         clock: Callable[[], float],
-        lock: asyncio.Lock,
+        lock: Callable[[str], contextlib.AbstractAsyncContextManager[None]],
     ) -> None:
         self._cluster = cluster
         self._gates = gates
@@ -112,7 +113,7 @@ class DrainRunner:
         """The drains' tasks, and the bookkeeping after each."""
         self.stopping = False
         self.on_end: OnEnd | None = None
-        """Told of every drain's end, under the engine's lock (set by the reconciler)."""
+        """Told of every drain's end, under the node's lock (set by the reconciler)."""
 
     def draining(self, node: str) -> bool:
         return node in self.running
@@ -209,7 +210,7 @@ class DrainRunner:
                 logger.exception("drain of %s failed", running.node)
                 error = f"{type(exc).__name__}: {exc}"
             running.ended = True
-            async with self._lock:
+            async with self._lock(running.node):
                 if self.running.get(running.node) is running:
                     del self.running[running.node]
                 if self.on_end is not None:

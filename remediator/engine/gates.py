@@ -95,6 +95,8 @@ class Gates:
         )
         self.scoped = ScopedBudgets({r.name: (r.nodes, r.budget) for r in policy.rules if r.budget})
         """The rules' own budgets over the nodes their selectors cover (observed with the nodes)."""
+        self._rate_reserved: dict[str, list[tuple[str, float]]] = {}
+        # node -> (kind, time) of rate-limit slots taken by a check whose action is in flight
         self.eligible_nodes: set[str] | None = None
         """The eligible nodes as last observed (None before the first observation)."""
         self._eligible: dict[str, tuple[Node, bool]] = {}
@@ -157,7 +159,9 @@ class Gates:
 
     def check(self, ctx: Context, kind: str, node: str, *, rate: bool = True) -> ActionResult | None:
         """Rate limit (unless `rate` is false), then (disruptive actions) the budgets; None when the
-        action may go ahead."""
+        action may go ahead. An action that may go ahead is counted at once (a reservation), so that
+        another node reconciled meanwhile does not take the same slot while this one's write is in
+        flight; `commit` keeps it, `release` gives back what was not committed."""
         verdict = self.rate.check(kind)
         if rate and not verdict.allowed:
             return ActionResult("deferred", verdict.reason, gate=verdict.gate)
@@ -165,6 +169,11 @@ class Gates:
             verdict = self.budget_verdict(ctx.rule, node)
             if not verdict.allowed:
                 return ActionResult("deferred", verdict.reason, gate=verdict.gate)
+        if self.counts(ctx):
+            if rate and (at := self.rate.commit(kind)) is not None:
+                self._rate_reserved.setdefault(node, []).append((kind, at))
+            if kind in DISRUPTIVE:
+                self.budget.reserve(node)
         return None
 
     def budget_verdict(self, rule: Rule, node: str) -> Verdict:
@@ -172,16 +181,28 @@ class Gates:
         verdict = self.budget.check(node)
         if not verdict.allowed:
             return verdict
-        return self.scoped.check(rule.name, node, self.budget.holders())
+        return self.scoped.check(rule.name, node, self.budget.counted())
 
     def commit(self, ctx: Context, kind: str, node: str, *, rate: bool = True) -> None:
         """What passed the gates counts: the rate limit's window and (disruptive) the budget."""
         if not self.counts(ctx):
             return
         if rate:
-            self.rate.commit(kind)
+            taken = self._rate_reserved.get(node, [])
+            slot = next((item for item in taken if item[0] == kind), None)
+            if slot is not None:
+                taken.remove(slot)  # counted by the check already
+            else:
+                self.rate.commit(kind)
         if kind in DISRUPTIVE:
             self.budget.commit(node, kind=kind, dry_run=ctx.dry_run)
+
+    def release(self, node: str) -> None:
+        """The node's action was decided: what its check counted and nobody committed is given back
+        (the write failed, the node was cordoned by someone else meanwhile, ...)."""
+        for kind, at in self._rate_reserved.pop(node, []):
+            self.rate.uncommit(kind, at)
+        self.budget.unreserve(node)
 
     def rebuild_rate_limits(self, times: Iterable[tuple[str, float]]) -> None:
         """A new leader's rate limits: the actions the nodes' records say ran within each window."""

@@ -440,7 +440,8 @@ class Reconciler:
         return records
 
     async def _decide_guarded(self, ctx: Context, action: Action) -> ActionResult:
-        """`_decide`, with the errors that retrying will not fix recorded as failed."""
+        """`_decide`, with the errors that retrying will not fix recorded as failed; what the gates
+        counted for an action that did not commit is given back."""
         try:
             return await self._decide(ctx, action)
         except BackendUnavailable as exc:
@@ -452,6 +453,8 @@ class Reconciler:
         except Exception as exc:  # a bug or an executor error that retrying will not fix: recorded
             logger.exception("%s on %s failed", action.type, ctx.node_name)
             return ActionResult("failed", f"{type(exc).__name__}: {exc}")
+        finally:
+            self._gates.release(ctx.node_name)
 
     async def _decide(self, ctx: Context, action: Action) -> ActionResult:  # noqa: PLR0911  one per action type
         if (early := self._gates.precheck(ctx, action)) is not None:
