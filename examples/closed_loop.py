@@ -184,6 +184,7 @@ async def run_loop(on_step: Callable[[Step], None] = lambda _step: None) -> list
             ),
             firing=engine.causes,
             publish=engine.publish,
+            node_lock=engine.queue.lock,
         )
         node = cluster.nodes[SNAPSHOT_NODE]
         step(f"alert     AccelGPUFatalXid (Xid 79: GPU 4 fell off the bus), boot {node.boot_id[:8]}")

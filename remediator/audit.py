@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-Outcome = Literal["planned", "started", "done", "skipped", "deferred", "ignored", "failed"]
+Outcome = Literal["planned", "started", "done", "skipped", "deferred", "ignored", "failed", "stopped"]
 
 DEFAULT_KEEP = 1000
 

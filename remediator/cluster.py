@@ -10,7 +10,7 @@ issues implement the same Protocols. This module imports no client library: it i
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -20,6 +20,10 @@ from remediator.record import RecordChange
 
 class BackendUnavailable(RuntimeError):
     """The backend could not be reached; the webhook answers 503 so that Alertmanager retries."""
+
+
+class NotLeader(BackendUnavailable):
+    """This replica lost (or never had) the leader Lease; another one acts. Answered with 503."""
 
 
 class StateConflict(BackendUnavailable):
@@ -160,6 +164,12 @@ class Pod:
     """Names of the pod's emptyDir volumes."""
     ip: str = ""
     """status.podIP (empty until the pod has one)."""
+    ready: bool = True
+    """The Ready condition is True (a pod that reports no conditions counts as ready): a pod that is
+    not counts for nothing in its PodDisruptionBudget, and the Eviction API may let it go without
+    charging the budget."""
+    deleting: bool = False
+    """metadata.deletionTimestamp is set: being deleted already (the Eviction API ignores budgets)."""
 
     @property
     def controller(self) -> OwnerReference | None:
@@ -238,7 +248,20 @@ class PodDisruptionBudget:
     selector: LabelSelector = field(default_factory=LabelSelector)
     """spec.selector"""
     disruptions_allowed: int = 0
-    """status.disruptionsAllowed: 0 means every eviction is refused with 429."""
+    """status.disruptionsAllowed: 0 means every eviction of a ready pod is refused with 429."""
+    current_healthy: int = 0
+    """status.currentHealthy"""
+    desired_healthy: int = 0
+    """status.desiredHealthy"""
+    unhealthy_pod_eviction_policy: str = ""
+    """spec.unhealthyPodEvictionPolicy (`IfHealthyBudget`, the default when empty, or `AlwaysAllow`)."""
+
+    def lets_unready_go(self) -> bool:
+        """Does the Eviction API let a pod that is not Ready go without charging this budget?
+        (AlwaysAllow; IfHealthyBudget: while the budget's application is healthy.)"""
+        if self.unhealthy_pod_eviction_policy == "AlwaysAllow":
+            return True
+        return self.current_healthy >= self.desired_healthy > 0
 
 
 class EvictionResult(enum.Enum):
@@ -321,6 +344,24 @@ class DrainOutcome:
         return ", ".join(parts)
 
 
+@dataclass(frozen=True)
+class Returned:
+    """What a node's return to the pool did (`Cluster.return_node`)."""
+
+    found: bool = False
+    """The node with that uid was there."""
+    uncordoned: bool = False
+    """This service's cordon was lifted."""
+    cordon_kept: bool = False
+    """The node stays cordoned: the cordon was not this service's, or someone changed it since."""
+    taints_removed: tuple[str, ...] = ()
+    """`key:effect` of the taints removed."""
+
+
+NodeListener = Callable[[str, Mapping[str, str] | None], None]
+"""(node name, its annotations; None when it was deleted): told of every change the node watch sees."""
+
+
 class Cluster(Protocol):
     """Everything the engine reads from or does to Kubernetes. Methods raise BackendUnavailable."""
 
@@ -339,6 +380,11 @@ class Cluster(Protocol):
 
     async def list_pdbs(self) -> list[PodDisruptionBudget]:
         """All PodDisruptionBudgets."""
+        ...
+
+    async def daemonsets_exist(self, refs: Collection[tuple[str, str]]) -> set[tuple[str, str]] | None:
+        """Which of these (namespace, name) DaemonSets exist; None when the backend cannot tell (every
+        one then counts as existing: its pods are skipped by a drain)."""
         ...
 
     def observed_nodes(self) -> list[Node] | None:
@@ -443,10 +489,10 @@ class Cluster(Protocol):
         node: str,
         settings: DrainSettings,
         *,
-        ended: Callable[[], RecordChange | None] | None = None,
+        ended: Callable[[DrainOutcome], RecordChange | None] | None = None,
     ) -> DrainOutcome:
         """Cordon (if needed) and drain the node like `kubectl drain`, until done or the deadline.
-        The write that records the end (or the refusal) carries `ended()`, asked for at that moment.
+        The write that records the end (or the refusal) carries `ended(outcome)`, asked for at that moment.
 
         Pods that need permission the settings do not give (bare pods, emptyDir data) refuse the
         drain before any eviction (completed and timed_out both false). May take as long as
@@ -454,6 +500,22 @@ class Cluster(Protocol):
         request. A drain interrupted (BackendUnavailable, NotLeader, cancellation) and started again
         resumes with its original deadline where the backend remembers one.
         """
+        ...
+
+    async def return_node(
+        self,
+        node: str,
+        *,
+        uid: str,
+        taints: Sequence[Taint],
+        annotations: Mapping[str, str | None],
+        record: RecordChange | None = None,
+    ) -> Returned | None:
+        """Give the node object with this `uid` back to the pool in one write: uncordon it when this
+        service cordoned it and nobody changed the cordon since, remove exactly these taints (key,
+        effect and value) where this service added them, forget this service's ownership and drain
+        annotations, set (None: remove) `annotations` and apply `record`. None when no node with
+        this uid exists."""
         ...
 
     async def load_gates(self) -> Mapping[str, Any] | None:
@@ -604,6 +666,11 @@ def pod_from_object(obj: Mapping[str, Any]) -> Pod:
         vol_map = _mapping(vol, f"spec.volumes[{i}]")
         if "emptyDir" in vol_map:
             emptydirs.append(_str(vol_map.get("name"), f"spec.volumes[{i}].name"))
+    conditions = [
+        _mapping(c, f"status.conditions[{i}]")
+        for i, c in enumerate(_list(status.get("conditions"), "status.conditions"))
+    ]
+    ready_conditions = [c for c in conditions if c.get("type") == "Ready"]
     return Pod(
         namespace=_str(meta.get("namespace"), "metadata.namespace") or "default",
         name=_str(meta.get("name"), "metadata.name", required=True),
@@ -614,6 +681,8 @@ def pod_from_object(obj: Mapping[str, Any]) -> Pod:
         phase=_str(status.get("phase"), "status.phase") or "Pending",
         emptydir_volumes=tuple(emptydirs),
         ip=_str(status.get("podIP"), "status.podIP"),
+        ready=not ready_conditions or ready_conditions[0].get("status") == "True",
+        deleting=bool(meta.get("deletionTimestamp")),
     )
 
 
@@ -626,14 +695,22 @@ def pdb_from_object(obj: Mapping[str, Any]) -> PodDisruptionBudget:
     selector = label_selector_from_object(spec.get("selector"), "spec.selector", problems)
     if problems:
         raise ObjectFormatError("; ".join(problems))
-    allowed = status.get("disruptionsAllowed", 0)
-    if not isinstance(allowed, int) or isinstance(allowed, bool):
-        raise ObjectFormatError(f"status.disruptionsAllowed: expected an integer, got {allowed!r}")
+    counts = {}
+    for key in ("disruptionsAllowed", "currentHealthy", "desiredHealthy"):
+        value = status.get(key, 0)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ObjectFormatError(f"status.{key}: expected an integer, got {value!r}")
+        counts[key] = value
     return PodDisruptionBudget(
         namespace=_str(meta.get("namespace"), "metadata.namespace") or "default",
         name=_str(meta.get("name"), "metadata.name", required=True),
         selector=selector,
-        disruptions_allowed=allowed,
+        disruptions_allowed=counts["disruptionsAllowed"],
+        current_healthy=counts["currentHealthy"],
+        desired_healthy=counts["desiredHealthy"],
+        unhealthy_pod_eviction_policy=_str(
+            spec.get("unhealthyPodEvictionPolicy"), "spec.unhealthyPodEvictionPolicy"
+        ),
     )
 
 

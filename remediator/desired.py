@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from remediator.policy import AddTaint, Cordon, Drain, Rule, SetCondition
+from remediator.record import episode_start
 
 DEFAULT_EXPIRY_SECONDS = 4 * 3600.0 + 600.0
 """Alertmanager's default repeat_interval (4 h) plus a group_interval and slack."""
@@ -60,6 +61,9 @@ class Cause:
     """The alert's labels (to decide its resolve when Alertmanager no longer shows it)."""
     starts_at: str = ""
     """Its startsAt (part of the idempotency key of that resolve)."""
+    released: bool = False
+    """A human ended this episode's remediation (remediator/record.py): it still fires, it holds
+    nothing."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -69,6 +73,7 @@ class Cause:
             "expires": self.expires,
             "labels": dict(self.labels),
             "startsAt": self.starts_at,
+            **({"released": True} if self.released else {}),
         }
 
 
@@ -90,17 +95,24 @@ class FiringSet:
         rule: Rule,
         labels: Mapping[str, str] | None = None,
         starts_at: str = "",
+        released: bool = False,
     ) -> None:
-        """A delivery says this alert fires: (re)start its expiry."""
+        """A delivery says this alert fires: (re)start its expiry. An episode a human released stays
+        released (it holds nothing) for as long as it fires."""
         expires = self._clock() + self.expiry_seconds
+        old = self._causes.get(node, {}).get(fingerprint)
+        released = released or (
+            old is not None and old.released and episode_start(old.starts_at) == episode_start(starts_at)
+        )
         cause = Cause(
             fingerprint=fingerprint,
             alertname=alertname,
             rule=rule.name,
-            holds=holds_of(rule),
+            holds=frozenset() if released else holds_of(rule),
             expires=expires,
             labels=dict(labels or {}),
             starts_at=starts_at,
+            released=released,
         )
         self._causes.setdefault(node, {})[fingerprint] = cause
         self._next_expiry = min(self._next_expiry, expires)
@@ -110,6 +122,17 @@ class FiringSet:
         cause = self._causes.get(node, {}).get(fingerprint)
         if cause is not None:
             cause.expires = self._clock() + self.expiry_seconds
+
+    def release(self, node: str) -> list[Cause]:
+        """A human ended the remediation of every alert firing on `node`: they hold nothing from now
+        on (until a new episode of one of them starts). The causes released."""
+        out = []
+        for cause in self._causes.get(node, {}).values():
+            if not cause.released:
+                cause.released = True
+                cause.holds = frozenset()
+                out.append(cause)
+        return out
 
     def known(self, node: str, fingerprint: str) -> Cause | None:
         """The cause of this alert on `node`, if it fires now."""

@@ -1,17 +1,21 @@
 """Drain planning with `kubectl drain` semantics (pure: pods and PDBs in, a plan out).
 
-Per pod, in kubectl's order: mirror pods and DaemonSet pods are skipped (kubectl leaves them; the
-kubelet or the DaemonSet controller would recreate them at once); Succeeded/Failed pods can always go
-(the eviction API does not consult PDBs for terminal pods); pods without a controller and pods with
-emptyDir volumes need explicit permission, otherwise they block the drain; the rest are evicted
-unless a PodDisruptionBudget refuses. Planned evictions consume the PDB's `disruptionsAllowed`, so
-with one disruption allowed the second pod under that PDB waits.
+Per pod, as kubectl's filters decide (k8s.io/kubectl/pkg/drain): mirror pods are skipped (the
+kubelet owns them); a Succeeded or Failed pod can always go, a DaemonSet's too; a running pod of a
+DaemonSet that exists is skipped (its controller would recreate it at once), one whose DaemonSet no
+longer exists is an orphan: nothing recreates it, so it needs permission (`force_bare_pods`, as
+kubectl's --force) like a pod without a controller; pods with emptyDir volumes need permission too.
+The rest are evicted unless a PodDisruptionBudget refuses, as the Eviction API decides it: a
+Pending pod or one being deleted ignores budgets; a pod that is not Ready goes without charging its
+budget when the budget lets unready pods go (AlwaysAllow, or IfHealthyBudget while the application
+is healthy); otherwise the budget's `disruptionsAllowed` is consumed, so with one disruption allowed
+the second ready pod under that PDB waits.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from remediator.cluster import Pod, PodDisruptionBudget
@@ -104,14 +108,17 @@ def _owner(pod: Pod) -> str | None:
     return f"{ctl.kind}/{ctl.name}" if ctl else None
 
 
-def plan_drain(
+def plan_drain(  # noqa: PLR0912  one branch per kubectl filter, in kubectl's order
     pods: Iterable[Pod],
     pdbs: Iterable[PodDisruptionBudget],
     *,
     delete_emptydir_data: bool,
     force_bare_pods: bool,
+    daemonsets: Collection[tuple[str, str]] | None = None,
 ) -> DrainPlan:
-    """Decide, for every pod on the node, whether a drain evicts, skips or is blocked by it."""
+    """Decide, for every pod on the node, whether a drain evicts, skips or is blocked by it.
+    `daemonsets`: (namespace, name) of the DaemonSets that exist (None: unknown, every one counts
+    as existing)."""
     budgets = list(pdbs)
     allowed = {(b.namespace, b.name): b.disruptions_allowed for b in budgets}
     evict: list[PlannedPod] = []
@@ -131,16 +138,27 @@ def plan_drain(
             skip.append(entry("mirror pod (static pod managed by the kubelet); kubectl drain skips it"))
             continue
         ctl = pod.controller
-        if ctl is not None and ctl.kind == "DaemonSet":
-            skip.append(
-                entry(
-                    f"managed by DaemonSet {pod.namespace}/{ctl.name}; kubectl drain ignores DaemonSet pods"
-                )
-            )
-            continue
         if pod.phase in ("Succeeded", "Failed"):
             evict.append(entry(f"{pod.phase} pod; always deletable"))
             continue
+        if ctl is not None and ctl.kind == "DaemonSet":
+            if daemonsets is None or (pod.namespace, ctl.name) in daemonsets:
+                skip.append(
+                    entry(
+                        f"managed by DaemonSet {pod.namespace}/{ctl.name}; kubectl drain ignores "
+                        "DaemonSet pods"
+                    )
+                )
+                continue
+            if not force_bare_pods:
+                blocked.append(
+                    entry(
+                        f"its DaemonSet {pod.namespace}/{ctl.name} no longer exists: nothing would "
+                        "recreate it (allow: force_bare_pods: true)",
+                        Blocker.PERMISSION,
+                    )
+                )
+                continue
         if ctl is None and not force_bare_pods:
             blocked.append(
                 entry(
@@ -158,6 +176,9 @@ def plan_drain(
                 )
             )
             continue
+        if pod.phase == "Pending" or pod.deleting:
+            evict.append(entry(""))  # the Eviction API ignores budgets for these
+            continue
         matching = [b for b in budgets if b.namespace == pod.namespace and b.selector.matches(pod.labels)]
         if len(matching) > 1:
             names = ", ".join(f"{b.namespace}/{b.name}" for b in matching)
@@ -167,6 +188,9 @@ def plan_drain(
                     Blocker.PDB,
                 )
             )
+            continue
+        if matching and not pod.ready and matching[0].lets_unready_go():
+            evict.append(entry(""))  # not Ready: it goes without charging the budget
             continue
         if matching:
             pdb = matching[0]

@@ -269,6 +269,9 @@ ACTION_TYPES: dict[str, type[Action]] = {
     )
 }
 DISRUPTIVE = frozenset({"cordon", "taint", "drain", "aws_set_unhealthy", "aws_reboot"})
+TELEMETRY = frozenset({"cloudwatch_metric", "event", "evidence"})
+"""Steps that tell (a metric, an Event, the evidence for the vendor) and never hold a safety step
+back: a failure is recorded as failed and the next step runs."""
 """Actions that take capacity away: budget-gated, and never run for resolved alerts."""
 RESOLVED_ALLOWED = frozenset({"uncordon", "untaint", "condition", "event", "cloudwatch_metric"})
 REVERSALS = frozenset({"uncordon", "untaint"})

@@ -15,17 +15,22 @@ The annotations this service writes on a Node (prefix `accel-health.io/`):
   drain interrupted by a fail-over resumes with its original deadline;
 - `episodes` (this module): the record, compact JSON
 
-      {"e": {"<fingerprint>": ["<rule>", "<alertname>", <startsAt, unix s>, <steps>]},
-       "t": {"<action kind>": <unix s>}}
+      {"e": {"<fingerprint>": ["<rule>", "<alertname>", <startsAt, unix s>, <steps>(, "h")]},
+       "t": {"<action kind>": <unix s>},
+       "p": ["<phase>", <since, unix s>]}
 
   `e` holds one entry per alert episode (fingerprint + startsAt) that acted on the node; `steps` is a
   bit set over the rule's `actions` (bit i: action i was decided; for an AWS action, asked for: the
   intent is written before the call, and after a fail-over the instance's state is read before the
-  call is made again). `t` holds, per action kind, when this service last did it on the node (the
-  rate limits of a new leader). No alert labels are stored. At most `MAX_EPISODES` episodes per node
+  call is made again); a fifth element `"h"` says a human ended the episode's remediation (an
+  uncordon or a taint removed by someone else): nothing more is done for it. `t` holds, per action
+  kind, when this service last did it on the node (the rate limits of a new leader). `p` is the
+  node's phase in its lifecycle (remediator/lifecycle/phases.py) and since when, written by the
+  same request that moves it. No alert labels are stored. At most `MAX_EPISODES` episodes per node
   (the oldest dropped first); an episode entry is about 60 bytes, so a node's record stays under
   3 KiB however many alerts fire in the fleet. The record is removed when the node returns to the
-  pool (the repair loop) or when the node's last episode is forgotten;
+  pool (the return's own write), or when its episodes ended and nothing of this service's holds the
+  node any more;
 - `quarantine`, `quarantine-history`, `repair-failed`, `rebooted`: the repair loop's (remediator/repair.py).
 - `evidence`: where the newest evidence capture of the node is (`s3://bucket/key` or
   `configmap/<namespace>/<name>`), written with the `evidence` step's record (remediator/evidence/).
@@ -58,6 +63,8 @@ DRAIN_STATUS = PREFIX + "drain-status"
 """`in-progress`, `done`, `timed-out` or `refused` (an eviction answered 403 or denied by admission)."""
 DRAIN_BLOCKED = PREFIX + "drain-blocked"
 """After a drain that could not finish: `namespace/name` of the pods that blocked it."""
+RETURN_FORGETS = (CORDONED_BY, CORDONED_AT, DRAIN_STARTED, DRAIN_DEADLINE, DRAIN_STATUS, DRAIN_BLOCKED)
+"""What a node's return to the pool removes besides its record and the taints it gives back."""
 EPISODES = PREFIX + "episodes"
 """The record of this module: the episodes holding the node and the steps decided for each."""
 
@@ -114,13 +121,17 @@ class Episode:
     """Its startsAt, unix seconds: with the fingerprint, the episode's identity."""
     steps: int = 0
     """Bit i set: action i of the rule's `actions` was decided (AWS actions: asked for)."""
+    released: bool = False
+    """A human ended this episode's remediation (uncordoned the node, removed the taint): nothing
+    more is done for it, and it holds nothing."""
 
     def done(self, index: int) -> bool:
         """Was action `index` decided?"""
-        return bool(self.steps >> index & 1)
+        return bool(self.released or self.steps >> index & 1)
 
     def as_json(self) -> list[Any]:
-        return [self.rule, self.alertname, self.start, self.steps]
+        out: list[Any] = [self.rule, self.alertname, self.start, self.steps]
+        return [*out, "h"] if self.released else out
 
 
 @dataclass(frozen=True)
@@ -131,6 +142,10 @@ class NodeRecord:
     """By fingerprint: one episode per alert at a time (a new startsAt replaces the old one)."""
     times: Mapping[str, int] = field(default_factory=dict)
     """Action kind -> when this service last did it on the node (unix seconds)."""
+    phase: str = ""
+    """The node's phase in its lifecycle (remediator/lifecycle/phases.py); empty: none recorded."""
+    since: int = 0
+    """When the node entered `phase` (unix seconds)."""
 
     def episode(self, fingerprint: str, start: int) -> Episode | None:
         """The episode with this identity, if recorded."""
@@ -145,10 +160,12 @@ class NodeRecord:
         """The annotation value (compact JSON), or None when there is nothing to keep."""
         if not self.episodes:
             return None  # nothing holds the node: the times alone are not worth keeping
-        doc = {
+        doc: dict[str, Any] = {
             "e": {fp: ep.as_json() for fp, ep in sorted(self.episodes.items())},
             "t": dict(sorted(self.times.items())),
         }
+        if self.phase:
+            doc["p"] = [self.phase, self.since]
         return json.dumps(doc, separators=(",", ":"))
 
 
@@ -174,20 +191,39 @@ def decode(text: str | None) -> NodeRecord:
     for fp, raw in raw_episodes.items():
         if (
             not isinstance(raw, list)
-            or len(raw) != 4
+            or len(raw) not in (4, 5)
             or not all(isinstance(v, str) for v in raw[:2])
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in raw[2:])
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in raw[2:4])
+            or raw[4:] not in ([], ["h"])
         ):
-            raise RecordError(f"{EPISODES}: episode {fp}: expected [rule, alertname, startsAt, steps]")
+            raise RecordError(
+                f'{EPISODES}: episode {fp}: expected [rule, alertname, startsAt, steps] or [..., "h"]'
+            )
         episodes[str(fp)] = Episode(
-            fingerprint=str(fp), rule=raw[0], alertname=raw[1], start=raw[2], steps=raw[3]
+            fingerprint=str(fp),
+            rule=raw[0],
+            alertname=raw[1],
+            start=raw[2],
+            steps=raw[3],
+            released=len(raw) == 5,
         )
     times: dict[str, int] = {}
     for kind, at in raw_times.items():
         if not isinstance(at, int | float) or isinstance(at, bool):
             raise RecordError(f"{EPISODES}: time of {kind}: expected a number")
         times[str(kind)] = int(at)
-    return NodeRecord(episodes=episodes, times=times)
+    raw_phase = doc.get("p", [])
+    if raw_phase == []:
+        return NodeRecord(episodes=episodes, times=times)
+    if (
+        not isinstance(raw_phase, list)
+        or len(raw_phase) != 2
+        or not isinstance(raw_phase[0], str)
+        or not isinstance(raw_phase[1], int | float)
+        or isinstance(raw_phase[1], bool)
+    ):
+        raise RecordError(f"{EPISODES}: p: expected [phase, since]")
+    return NodeRecord(episodes=episodes, times=times, phase=raw_phase[0], since=int(raw_phase[1]))
 
 
 def read(annotations: Mapping[str, str]) -> NodeRecord:
@@ -216,6 +252,14 @@ class RecordChange:
     """Episodes (fingerprint, startsAt) that ended: removed."""
     clear: bool = False
     """Remove the whole record (the node returned to the pool)."""
+    phase: str = ""
+    """The phase this write moves the node to (empty: unchanged). Applied as
+    remediator/lifecycle/phases.py `advance` says: a phase never moves back within the node's
+    episodes, except where `force` says so."""
+    force: bool = False
+    """Set `phase` whatever the node's phase is (a human's release, an escalation, a failed check)."""
+    release: bool = False
+    """Every episode recorded now is ended by a human (marked `released`)."""
 
     def apply(self, record: NodeRecord) -> NodeRecord:
         if self.clear:
@@ -223,10 +267,14 @@ class RecordChange:
         episodes = {
             fp: ep for fp, ep in record.episodes.items() if (ep.fingerprint, ep.start) not in self.forget
         }
+        if self.release:
+            episodes = {fp: replace(ep, released=True) for fp, ep in episodes.items()}
         for given in self.episodes:
             old = episodes.get(given.fingerprint)
             if old is not None and old.start == given.start:
-                given = replace(given, steps=given.steps | old.steps)  # noqa: PLW2901  merged with what is there
+                given = replace(  # noqa: PLW2901  merged with what is there
+                    given, steps=given.steps | old.steps, released=given.released or old.released
+                )
             episodes[given.fingerprint] = given
         if len(episodes) > MAX_EPISODES:
             kept = sorted(episodes.values(), key=lambda e: (e.start, e.fingerprint))[-MAX_EPISODES:]
@@ -234,7 +282,10 @@ class RecordChange:
         times = dict(record.times)
         if self.kind:
             times[self.kind] = self.at
-        return NodeRecord(episodes=episodes, times=times)
+        phase, since = record.phase, record.since
+        if self.phase and (self.force or moves_forward(phase, self.phase)) and self.phase != phase:
+            phase, since = self.phase, self.at
+        return NodeRecord(episodes=episodes, times=times, phase=phase, since=since)
 
     def annotation(self, annotations: Mapping[str, str]) -> dict[str, str | None]:
         """The merge-patch entry that applies this change to a node with these annotations ({}
@@ -242,6 +293,23 @@ class RecordChange:
         before = annotations.get(EPISODES)
         after = self.apply(read(annotations)).encode()
         return {} if after == before else {EPISODES: after}
+
+
+PHASE_ORDER = ("held", "evidence", "draining", "repair", "verifying")
+"""The phases of the way out and back, in order (remediator/lifecycle/phases.py says what each is);
+`escalated` and `released` stand apart: a human has the node."""
+
+
+def moves_forward(current: str, new: str) -> bool:
+    """Does a write that asks for phase `new` move a node in `current` on? Within the way out and
+    back only forward (a second alert's cordon does not take a draining node back to held); from
+    none or `released` (a new episode after a human's release) to any; never out of `escalated`
+    but by force (the human's label decides)."""
+    if not current or current == "released":
+        return True
+    if current == "escalated" or new not in PHASE_ORDER or current not in PHASE_ORDER:
+        return new == "escalated" and current != "escalated"
+    return PHASE_ORDER.index(new) > PHASE_ORDER.index(current)
 
 
 def owned_taints(annotations: Mapping[str, str]) -> list[str]:

@@ -62,7 +62,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -74,6 +74,8 @@ from remediator.audit import DecisionRecord, Outcome
 from remediator.cluster import BackendUnavailable, Cluster, Node, NodeCondition, Taint
 from remediator.desired import Cause
 from remediator.policy import AddTaint, AwsReboot, Policy, SetCondition
+from remediator.record import RecordChange, owned_taints, taint_id
+from remediator.record import read as read_record
 from remediator.repairpolicy import MAX_ESCALATE_AFTER
 
 logger = logging.getLogger("remediator.repair")
@@ -238,6 +240,15 @@ def reboot_step(node: Node, action: AwsReboot, *, now: float) -> tuple[RebootSte
             f"(within {action.replace_after_reboot_seconds} s): escalated to a replacement"
         )
     return "reboot", f"last reboot {age:.0f} s ago, longer than {action.replace_after_reboot_seconds} s"
+
+
+def rebooted_boot_id(node: Node) -> str | None:
+    """The boot id the node had when this service last asked EC2 to reboot it (None: never, or
+    unreadable)."""
+    try:
+        return str(json.loads(node.annotations.get(REBOOTED, ""))["bootID"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def rebooted_annotation(node: Node, *, now: float) -> dict[str, str | None]:
@@ -423,6 +434,7 @@ class RepairLoop:
         publish: Callable[[DecisionRecord], None],
         clock: Callable[[], float] = time.time,
         dry_run: bool = False,
+        node_lock: Callable[[str], contextlib.AbstractAsyncContextManager[None]] | None = None,
     ) -> None:
         self.policy = policy
         self.settings = policy.repair
@@ -445,9 +457,16 @@ class RepairLoop:
         self._conditions = tuple(
             sorted({a.condition_type for r in policy.rules for a in r.actions if isinstance(a, SetCondition)})
         )
-        self._taints = tuple(
-            sorted({(a.key, a.effect) for r in policy.rules for a in r.actions if isinstance(a, AddTaint)})
-        )
+        values: dict[tuple[str, str], set[str]] = {}
+        for rule in policy.rules:
+            for action in rule.actions:
+                if isinstance(action, AddTaint):
+                    values.setdefault((action.key, action.effect), set()).add(action.value)
+        self._taint_values = {k: frozenset(v) for k, v in values.items()}
+        """(key, effect) -> the values the policy's taint steps set: a taint of this service's."""
+        self._node_lock = node_lock if node_lock is not None else _no_lock
+        """The node's lock in the engine's work queue: a return is decided while no delivery for
+        the node is (remediator/lifecycle/queue.py)."""
         self._rules = {r.name: r for r in policy.rules}
 
     def poke(self) -> None:
@@ -672,6 +691,9 @@ class RepairLoop:
         )
         if not self._dry_run:
             await self._cluster.label_node(node.name, {self.settings.escalation_label: "true"})
+            await self._cluster.annotate_node(
+                node.name, {}, record=RecordChange(phase="escalated", at=int(self._clock()))
+            )
             await self._cluster.record_event(
                 node=node.name, reason="AccelRepeatedFaultsEscalated", message=text, type_="Warning"
             )
@@ -798,6 +820,7 @@ class RepairLoop:
     ) -> list[DecisionRecord]:
         checks = self._checks_for(record)
         alertname = str((record.get("alerts") or ["AcceleratorFault"])[0])
+        await self._enter_verifying(node, repair, checks)
         result = await self._verifier.verify(node.name, checks) if checks else Verification("pass")
         if not result.answered:
             logger.info("%s: %s; checks not answered yet (%s); tried again", node.name, repair, result.error)
@@ -805,6 +828,21 @@ class RepairLoop:
         if result.verdict != "pass":
             return await self._check_failed(node, repair, checks, result, alertname=alertname, seen=seen)
         return await self._return(node, record, checks, repair, alertname)
+
+    async def _enter_verifying(self, node: Node, repair: str, checks: Sequence[str]) -> None:
+        """The node's phase becomes `verifying` (once per repair: not again while the checks are
+        retried), with an AccelRepairVerifying Event."""
+        if self._dry_run or read_record(node.annotations).phase in ("verifying", ""):
+            return
+        await self._cluster.annotate_node(
+            node.name, {}, record=RecordChange(phase="verifying", at=int(self._clock()))
+        )
+        text = (
+            f"{repair}: checks {', '.join(checks) or '(none configured)'} run before it returns to the pool"
+        )
+        await self._cluster.record_event(
+            node=node.name, reason="AccelRepairVerifying", message=text, type_="Normal"
+        )
 
     async def _check_failed(
         self,
@@ -822,7 +860,11 @@ class RepairLoop:
         self._count("check_failed")
         if not self._dry_run:
             failed = {"bootID": node.boot_id, "check": check, "message": message, "at": self._clock()}
-            await self._annotate(node.name, {REPAIR_FAILED: json.dumps(failed, sort_keys=True)})
+            await self._cluster.annotate_node(
+                node.name,
+                {REPAIR_FAILED: json.dumps(failed, sort_keys=True)},
+                record=RecordChange(phase="repair", force=True, at=int(self._clock())),
+            )
             await self._cluster.record_event(
                 node=node.name, reason="AccelRepairCheckFailed", message=text, type_="Warning"
             )
@@ -838,35 +880,82 @@ class RepairLoop:
     async def _return(
         self, node: Node, record: Mapping[str, Any], checks: Sequence[str], repair: str, alertname: str
     ) -> list[DecisionRecord]:
+        """Give the node back: under the node's lock (no delivery for it decides meanwhile), after a
+        last look at the faults firing on it (one that fires now stops the return), in two writes:
+        the cordon, the exact taints this service added (by value), its record and its drain and
+        ownership annotations in one; the condition set back True with the quarantine forgotten in
+        the other (last, so that a failure between the two leaves a quarantine the next pass finds
+        and finishes)."""
         parts = [f"{repair}; {self._passed(checks)}"]
-        if not self._dry_run:
-            for ctype in self._conditions:
-                if any(c.type == ctype and c.status == "False" for c in node.conditions):
-                    await self._cluster.set_condition(
-                        node.name,
-                        NodeCondition(type=ctype, status="True", reason=RETURNED_REASON, message=parts[0]),
-                    )
-            for key, effect in self._taints:
-                if any(t.key == key and t.effect == effect for t in node.taints):
-                    await self._cluster.remove_taint(node.name, Taint(key=key, value="", effect=effect))
-            if node.unschedulable:
-                if await self._cluster.uncordon(node.name):
-                    parts.append("uncordoned")
-                else:
-                    parts.append("cordon kept: not made by accel-health, or changed by someone since")
+        if self._dry_run:
+            self._count("returned")
+            return self._decide(
+                node.name,
+                "return_to_pool",
+                "done",
+                "; ".join(parts),
+                alertname=alertname,
+                details={"checks": list(checks)},
+                boot=node.boot_id,
+            )
+        async with self._node_lock(node.name):
+            current = await self._cluster.get_node(node.name)
+            if current is None or current.uid != node.uid:
+                return []  # gone, or replaced again while it was verified: the next pass looks
+            holding = [c for c in self._firing(node.name) if c.holds]
+            if holding:
+                names = ", ".join(sorted({c.alertname for c in holding}))
+                logger.info("%s: %s fires again; not returned", node.name, names)
+                return self._decide(
+                    node.name,
+                    "return_to_pool",
+                    "skipped",
+                    f"{names} fires on the node now: not returned (it stays out until this fault's "
+                    "repair too)",
+                    alertname=alertname,
+                    boot=node.boot_id,
+                )
+            returned = await self._cluster.return_node(
+                node.name,
+                uid=node.uid,
+                taints=self._our_taints(current),
+                annotations={},
+                record=RecordChange(clear=True),
+            )
+            if returned is None:
+                return []
+            if returned.uncordoned:
+                parts.append("uncordoned")
+            elif returned.cordon_kept:
+                parts.append("cordon kept: not made by accel-health, or changed by someone since")
+            if returned.taints_removed:
+                parts.append(f"taint {', '.join(returned.taints_removed)} removed")
             clear: dict[str, str | None] = {QUARANTINE: None, REPAIR_FAILED: None}
-            if unverified(node) or replaced(record, node):
+            if unverified(current) or replaced(record, current):
                 await self._cluster.set_startup_taint(
                     node.name, uid=node.uid, taint=STARTUP_TAINT, present=False, annotations=clear, labels={}
                 )
-                if unverified(node):
+                if unverified(current):
                     parts.append(f"startup taint {STARTUP_TAINT.key} removed")
-            else:
+                clear = {}
+            conditions = [
+                ctype
+                for ctype in self._conditions
+                if any(c.type == ctype and c.status == "False" for c in current.conditions)
+            ]
+            for ctype in conditions:
+                await self._cluster.set_condition(
+                    node.name,
+                    NodeCondition(type=ctype, status="True", reason=RETURNED_REASON, message=parts[0]),
+                    annotations=clear,
+                )
+                clear = {}
+            if clear and any(k in current.annotations for k in clear):
                 await self._annotate(node.name, clear)
-            await self._drop_durable(node.name)
-            await self._cluster.record_event(
-                node=node.name, reason="AccelReturnedToPool", message="; ".join(parts), type_="Normal"
-            )
+        await self._drop_durable(node.name)
+        await self._cluster.record_event(
+            node=node.name, reason="AccelReturnedToPool", message="; ".join(parts), type_="Normal"
+        )
         self._count("returned")
         return self._decide(
             node.name,
@@ -877,6 +966,16 @@ class RepairLoop:
             details={"checks": list(checks)},
             boot=node.boot_id,
         )
+
+    def _our_taints(self, node: Node) -> list[Taint]:
+        """The taints on the node that this service added, as it set them (key, effect and one of
+        the values the policy's taint steps set): what a return removes, and nothing else."""
+        owned = set(owned_taints(node.annotations))
+        return [
+            t
+            for t in node.taints
+            if taint_id(t.key, t.effect) in owned and t.value in self._taint_values.get((t.key, t.effect), ())
+        ]
 
     # -- the durable copies ------------------------------------------------------------------------
 
@@ -1005,6 +1104,12 @@ class RepairCollector:
         for result in RESULTS:
             results.add_metric([result], st.results.get(result, 0))
         yield results
+
+
+@contextlib.asynccontextmanager
+async def _no_lock(node: str) -> AsyncIterator[None]:
+    del node
+    yield
 
 
 def _load(raw: str | None) -> dict[str, Any] | None:

@@ -43,6 +43,7 @@ def install(
         firing=engine.causes,
         publish=engine.publish,
         dry_run=engine.settings.dry_run,
+        node_lock=engine.queue.lock,
     )
     app[REPAIR] = loop
     app[METRICS].registry.register(RepairCollector(loop))

@@ -17,7 +17,7 @@ from remediator.engine.gates import Gates
 from remediator.engine.model import ActionResult, Context
 from remediator.engine.node_actions import done
 from remediator.policy import AwsReboot, CloudWatchMetric
-from remediator.repair import karpenter_managed, reboot_step, rebooted_annotation
+from remediator.repair import karpenter_managed, reboot_step, rebooted_annotation, rebooted_boot_id
 
 OFF = (
     "AWS calls are off (the remediator runs without --aws): {what}; the aws overlay "
@@ -33,6 +33,8 @@ class AwsActuator:
         self._cluster = cluster
         self._gates = gates
         self._clock = clock
+        self._confirmed: set[tuple[str, str]] = set()
+        """(node, boot id) whose reboot call this process saw succeed."""
 
     async def unhealthy(  # noqa: PLR0911  one return per outcome: skipped, deferred, handed over, done
         self, ctx: Context, node: Node, *, handover: str = "", why: str = ""
@@ -61,10 +63,13 @@ class AwsActuator:
             return held
         if handover and karpenter_managed(node):
             return await self._handover(ctx, node, handover, prefix, details)
+        if not self._aws.enabled:
+            words = "would skip: " if ctx.dry_run else ""
+            return ActionResult(
+                "skipped", words + OFF.format(what="nothing marked, nothing replaces the node")
+            )
         if ctx.dry_run:
             return self._marked(ctx, node, prefix, details)
-        if not self._aws.enabled:
-            return ActionResult("skipped", OFF.format(what="nothing marked, nothing replaces the node"))
         state = await self._aws.health(instance)
         if state is None:
             if handover:
@@ -126,28 +131,40 @@ class AwsActuator:
             details={**details, "handover_condition": condition_type},
         )
 
-    async def reboot(self, ctx: Context, node: Node, action: AwsReboot) -> ActionResult:
+    async def reboot(  # noqa: PLR0911  one return per outcome: skipped, waits, escalated, deferred, done
+        self, ctx: Context, node: Node, action: AwsReboot
+    ) -> ActionResult:
+        """Reboot the instance through EC2: the intent (the `rebooted` annotation, with the step in
+        the node's record) is written first, then the call is made. A step whose intent is recorded
+        but whose call this process did not see succeed (it failed, or another leader made it) is
+        looked at again: a new boot id means the reboot happened; the same one means it is asked for
+        again (a second request of a reboot costs nothing; a reboot never asked for strands the node)."""
         instance = instance_id_from_provider_id(node.provider_id)
         if instance is None:
             return ActionResult(
                 "skipped", f"no EC2 instance id in spec.providerID ({node.provider_id or 'empty'})"
             )
+        asked = bool(ctx.intent >> ctx.index & 1)
+        if asked:
+            return await self._reboot_again(ctx, node, instance)
         step, why = reboot_step(node, action, now=self._clock())
         if step == "replace":
             return await self.unhealthy(ctx, node, handover=action.handover_condition, why=why)
         if step == "wait":
             return ActionResult("skipped", why, details={"instance_id": instance})
+        if not self._aws.enabled:
+            words = "would skip: " if ctx.dry_run else ""
+            return ActionResult("skipped", words + OFF.format(what=f"{instance} not rebooted"))
         if (held := self._gates.check(ctx, "aws_reboot", node.name)) is not None:
             return held
         if not ctx.dry_run:
-            if not self._aws.enabled:
-                return ActionResult("skipped", OFF.format(what=f"{instance} not rebooted"))
             await self._cluster.annotate_node(
                 node.name,
                 rebooted_annotation(node, now=self._clock()),
                 record=ctx.record("aws_reboot", self._clock()),
             )
             await self._aws.reboot(instance)
+            self._confirmed.add((node.name, node.boot_id))
         self._gates.commit(ctx, "aws_reboot", node.name)
         return done(
             ctx,
@@ -156,16 +173,45 @@ class AwsActuator:
             details={"instance_id": instance},
         )
 
+    async def _reboot_again(self, ctx: Context, node: Node, instance: str) -> ActionResult:
+        """The node's record says the reboot was asked for; this process did not see the call go
+        through. Read the state (the boot id the intent recorded), then call again or not."""
+        details = {"instance_id": instance}
+        if (node.name, node.boot_id) in self._confirmed:
+            return ActionResult("skipped", f"reboot of {instance} asked for already", details=details)
+        recorded = rebooted_boot_id(node)
+        if recorded is not None and recorded != node.boot_id:
+            self._gates.commit(ctx, "aws_reboot", node.name, rate=False)
+            return done(
+                ctx,
+                f"{instance} rebooted (asked for before; a new boot id since)",
+                would="",
+                details=details,
+            )
+        if not self._aws.enabled:
+            return ActionResult("skipped", OFF.format(what=f"{instance} not rebooted"))
+        await self._aws.reboot(instance)  # the intent is on the node already
+        self._confirmed.add((node.name, node.boot_id))
+        self._gates.commit(ctx, "aws_reboot", node.name, rate=False)
+        return done(
+            ctx,
+            f"asked EC2 to reboot {instance} again: the reboot was asked for before and the node has "
+            "not booted since (the earlier call failed, or its outcome is unknown after a fail-over)",
+            would="",
+            details=details,
+        )
+
     async def metric(self, ctx: Context, node: Node, action: CloudWatchMetric) -> ActionResult:
         dims = {"node": node.name, "alertname": ctx.alert.labels.get("alertname", "")}
         instance = instance_id_from_provider_id(node.provider_id)
         if instance:
             dims["InstanceId"] = instance
+        if not self._aws.enabled:
+            words = "would skip: " if ctx.dry_run else ""
+            return ActionResult("skipped", words + OFF.format(what="no metric published"))
         if (held := self._gates.check(ctx, "cloudwatch_metric", node.name)) is not None:
             return held
         if not ctx.dry_run:
-            if not self._aws.enabled:
-                return ActionResult("skipped", OFF.format(what="no metric published"))
             await self._aws.put_metric(
                 namespace=action.namespace, name=action.metric_name, value=1.0, dimensions=dims
             )

@@ -26,16 +26,19 @@ from remediator.engine.records import NodeView, taint_values
 from remediator.engine.stored import made_up_payload, resolved_alert
 from remediator.evidence.fetch import EvidenceFetcher
 from remediator.evidence.store import EvidenceStore
+from remediator.lifecycle.node import NodeLifecycle
 from remediator.lifecycle.queue import NodeQueue
 from remediator.payload import Alert, WebhookPayload
-from remediator.policy import Drain, Policy, Selection
-from remediator.record import DRAIN_STATUS, Episode, starts_at_text
+from remediator.policy import Policy, Selection
+from remediator.record import CORDONED_BY, DRAIN_STATUS, EPISODES, TAINTS_ADDED, Episode, starts_at_text
 from remediator.repair import QUARANTINE, REPAIR_FAILED, quarantine_annotations
 from remediator.safety import DisruptionBudget
 
 logger = logging.getLogger("remediator.decisions")
 
 AlertmanagerRead = Callable[[], Awaitable[AlertmanagerView | None]]
+MARKS = (CORDONED_BY, TAINTS_ADDED, EPISODES, DRAIN_STATUS)
+"""Annotations that make a node this service's business (a change to such a node is looked at)."""
 ALERTMANAGER_READ_SECONDS = 2.0
 """How long a new leader waits for its one Alertmanager read before it reports ready anyway (the
 poller keeps reading; until one answers, the nodes' records and the webhook are the desired state)."""
@@ -122,11 +125,30 @@ class Engine:
             decided=self.decided,
             clock=clock,
         )
+        self.lifecycle = NodeLifecycle(
+            policy=policy,
+            view=self.view,
+            firing=self.firing,
+            drains=self.drains,
+            reconciler=self.reconciler,
+            events=self.events,
+            decisions=self.decisions,
+            writer=cluster,
+            observe=self._observe_nodes,
+            resume=self._resume,
+            clock=clock,
+            node_label=settings.node_label,
+            dry_run=settings.dry_run,
+        )
+        """The background reconcile of one node (a human's release, a drain nobody runs)."""
+        self.queue.bind(self.lifecycle)
+        watch = getattr(cluster, "watch_nodes", None)
+        if callable(watch):
+            watch(self._node_changed)
         self.alertmanager: AlertmanagerRead | None = None
         """One read of Alertmanager's API, made by a new leader before it is ready (the service sets it)."""
         self._synced = False
         self._latch_dirty = False
-        self._resume: dict[str, list[Alert]] = {}
         self.rebuilds = 0
         """How often the view was rebuilt from the nodes (a metric for tests)."""
 
@@ -227,13 +249,12 @@ class Engine:
                 )
             if view is not None:
                 await self.reconcile(view)
-        resume = {n: a for n, a in self._resume.items() if n not in self.drains.running}
-        self._resume = {}
-        for node, alerts in resume.items():
-            logger.warning("resuming the drain of %s left running by the previous leader", node)
-            await self.handle(
-                made_up_payload(alerts, group_key="accel-health/resume", receiver="accel-health-remediator")
-            )
+        if fresh and not self.settings.dry_run:
+            # Every node that carries this service's marks is looked at once: a drain left running is
+            # resumed (or ended), a human's release seen while no leader watched is honoured.
+            for node in await self.view.all():
+                if any(k in node.annotations for k in MARKS):
+                    self.queue.add(node.name)
 
     async def _rebuild(self) -> None:
         """Derive what this replica must remember from the nodes: budget holders and ownership (read
@@ -255,8 +276,8 @@ class Engine:
             (kind, float(at)) for node in nodes for kind, at in self.view.record(node).times.items()
         )
         label = self.settings.node_label
-        resume: dict[str, list[Alert]] = {}
         by_name = {n.name: n for n in nodes}
+        draining = 0
         for name, episodes in self.view.episodes(nodes).items():
             node = by_name[name]
             for episode in episodes:
@@ -275,19 +296,19 @@ class Engine:
                         rule=rule,
                         labels=alert.labels,
                         starts_at=alert.starts_at,
+                        released=episode.released,
                     )
-                if node.annotations.get(DRAIN_STATUS) == "in-progress" and _waits_on_drain(rule, episode):
-                    resume.setdefault(name, []).append(alert)
-        self._resume = {} if self.settings.dry_run else resume
+            if node.annotations.get(DRAIN_STATUS) == "in-progress":
+                draining += 1
         self._synced = True
         self.rebuilds += 1
         logger.info(
-            "rebuilt from %d node(s): %d held, %d with alerts recorded, %d drain(s) to resume; "
+            "rebuilt from %d node(s): %d held, %d with alerts recorded, %d drain(s) in progress; "
             "breaker %s, %s",
             len(nodes),
             len(self.gates.budget.holders()),
             len(self.firing.nodes()),
-            len(resume),
+            draining,
             "OPEN" if self.gates.breaker.open else "closed",
             "PAUSED" if self.gates.pause.paused else "not paused",
         )
@@ -306,11 +327,10 @@ class Engine:
         plans: list[AlertPlan | None] = [None] * len(observed)
 
         async def one(node: str, indices: list[int]) -> None:
+            items = [observed[i] for i in indices]
             async with self.queue.lock(node) if node else contextlib.nullcontext():
-                for index in indices:
-                    plans[index] = await self.reconciler.handle_alert(observed[index])
-                if node and any(observed[i].alert.status == "resolved" for i in indices):
-                    await self.reconciler.release_held({node})
+                for index, plan in zip(indices, await self._decide_node(node, items), strict=True):
+                    plans[index] = plan
 
         try:
             if len(by_node) == 1:  # one node (most deliveries): no task of its own
@@ -328,6 +348,31 @@ class Engine:
             return done
         finally:
             await self._save_latches()
+
+    async def _decide_node(self, node: str, items: list[Observed]) -> list[AlertPlan]:
+        """Decide these alerts of one node, in order (the caller holds the node's lock)."""
+        plans = [await self.reconciler.handle_alert(item) for item in items]
+        if node and any(item.alert.status == "resolved" for item in items):
+            await self.reconciler.release_held({node})
+            if not self.settings.dry_run:
+                self.queue.add(node)  # the record goes once nothing holds the node
+        return plans
+
+    async def _resume(self, node: str, items: list[Observed]) -> None:
+        """The lifecycle's resume of a drain nobody runs (under the node's lock)."""
+        await self._decide_node(node, items)
+
+    def _node_changed(self, name: str, annotations: Mapping[str, str] | None) -> None:
+        """The node watch saw `name` change (None: deleted): a look when it carries this service's
+        marks (a human may have given it back), or this service drains it."""
+        if annotations is None:
+            if name in self.drains.running:
+                self.queue.add(name)
+            return
+        if self.settings.dry_run or not self._synced:
+            return
+        if any(k in annotations for k in MARKS):
+            self.queue.add(name)
 
     async def reconcile(self, view: AlertmanagerView) -> list[AlertPlan]:
         """Converge on what Alertmanager shows now (remediator/alertmanager.py): decide the alerts
@@ -462,6 +507,7 @@ class Engine:
         the next leader) starts it again, and the executor resumes it with its original deadline.
         A drain that already ended still records its end and decides the actions after it.
         """
+        await self.queue.stop()
         await self.drains.stop()
 
     # -- the gates at a glance ---------------------------------------------------------------------
@@ -519,11 +565,3 @@ def _alert_of(episode: Episode, *, node: str, label: str) -> Alert:
         generator_url="",
         fingerprint=episode.fingerprint,
     )
-
-
-def _waits_on_drain(rule: Any, episode: Episode) -> bool:
-    """The episode's next step is a drain: the steps before it decided, the drain not."""
-    for index, action in enumerate(rule.actions):
-        if not episode.done(index):
-            return isinstance(action, Drain)
-    return False

@@ -29,10 +29,12 @@ OnEnd = Callable[[RunningDrain, DrainOutcome | None, str, bool], Awaitable[None]
 """(drain, outcome or None, error, final) -> record the end for each waiter, decide what follows."""
 
 
-def drain_end(
-    outcome: DrainOutcome | None, error: str, *, final: bool, proceed: bool
+def drain_end(  # noqa: PLR0911  one return per way a drain ends
+    outcome: DrainOutcome | None, error: str, *, final: bool, proceed: bool, stopped: str = ""
 ) -> tuple[Outcome, str, str | None, dict[str, Any]]:
     """(outcome, reason, why later disruptive actions are refused, details) of a drain's end."""
+    if stopped:
+        return "stopped", f"drain stopped: {stopped}", f"the drain was stopped ({stopped})", {}
     if outcome is None:
         if final:
             return "failed", error, f"the drain failed ({error})", {}
@@ -134,11 +136,13 @@ class DrainRunner:
             return held
         pods = await self._cluster.list_pods(node.name)
         pdbs = await self._cluster.list_pdbs()
+        refs = {(p.namespace, c.name) for p in pods if (c := p.controller) and c.kind == "DaemonSet"}
         plan = plan_drain(
             pods,
             pdbs,
             delete_emptydir_data=action.delete_emptydir_data,
             force_bare_pods=action.force_bare_pods,
+            daemonsets=await self._cluster.daemonsets_exist(refs) if refs else None,
         )
         details: dict[str, Any] = dict(plan.details())
         settings = dataclasses.replace(
@@ -172,8 +176,14 @@ class DrainRunner:
             details={**details, "timeout_seconds": action.timeout_seconds},
         )
 
-    def _ended(self, running: RunningDrain) -> RecordChange | None:
-        """The record of the drain's end: every alert still waiting on it has its drain decided."""
+    def _ended(self, running: RunningDrain, outcome: DrainOutcome) -> RecordChange | None:
+        """The record of the drain's end: every alert still waiting on it has its drain decided, and
+        the node moves on (repair), or to a human when the drain could not end as it should."""
+        proceed = any(
+            isinstance(a := w.rule.actions[w.index], Drain) and a.on_timeout == "proceed"
+            for w in running.waiters.values()
+        )
+        onward = outcome.completed or (outcome.timed_out and proceed)
         episodes = tuple(
             Episode(
                 fingerprint=w.alert.fingerprint,
@@ -185,7 +195,11 @@ class DrainRunner:
             for w in running.waiters.values()
             if w.resolved is None
         )
-        return RecordChange(episodes=episodes) if episodes else None
+        if not episodes:
+            return None
+        return RecordChange(
+            episodes=episodes, phase="repair" if onward else "escalated", at=int(self._clock())
+        )
 
     async def _run(self, running: RunningDrain) -> None:
         """The background task: drain, then (under the engine's lock) record the end."""
@@ -195,17 +209,20 @@ class DrainRunner:
         try:
             try:
                 outcome = await self._cluster.drain(
-                    running.node, running.settings, ended=lambda: self._ended(running)
+                    running.node, running.settings, ended=lambda result: self._ended(running, result)
                 )
             except BackendUnavailable as exc:  # NotLeader too: the next delivery starts it again
                 logger.warning("drain of %s interrupted: %s", running.node, exc)
                 error, final = f"{type(exc).__name__}: {exc}", False
             except asyncio.CancelledError:
-                logger.warning(
-                    "drain of %s interrupted by shutdown; the next delivery of its alert resumes it",
-                    running.node,
-                )
-                raise
+                if not running.stopped:
+                    logger.warning(
+                        "drain of %s interrupted by shutdown; the next delivery of its alert resumes it",
+                        running.node,
+                    )
+                    raise
+                logger.warning("drain of %s stopped: %s", running.node, running.stopped)
+                error = running.stopped
             except Exception as exc:  # an executor error that retrying will not fix: recorded as failed
                 logger.exception("drain of %s failed", running.node)
                 error = f"{type(exc).__name__}: {exc}"
@@ -218,6 +235,18 @@ class DrainRunner:
         finally:
             if self.running.get(running.node) is running:
                 del self.running[running.node]
+
+    def stop_node(self, node: str, why: str) -> bool:
+        """Stop the drain of `node` now (a human uncordoned it): no eviction after this; its end is
+        recorded `stopped` for each alert waiting on it, and nothing after it runs. Does not wait
+        (the end's bookkeeping takes the node's lock, which the caller may hold). True when a drain
+        ran."""
+        running = self.running.get(node)
+        if running is None or running.ended or running.task is None:
+            return False
+        running.stopped = why
+        running.task.cancel()
+        return True
 
     async def wait(self) -> None:
         """Until no drain runs and the bookkeeping after each is done."""

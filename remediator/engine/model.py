@@ -11,6 +11,7 @@ from typing import Any
 
 from remediator.audit import DecisionRecord, Outcome
 from remediator.cluster import DrainSettings, Node
+from remediator.lifecycle.phases import phase_of
 from remediator.payload import Alert
 from remediator.policy import Rule
 from remediator.record import Episode, RecordChange, episode_start
@@ -192,7 +193,9 @@ class Context:
             start=self.start,
             steps=steps,
         )
-        return RecordChange(episodes=(episode,), kind=kind, at=int(at), forget=self.ended)
+        return RecordChange(
+            episodes=(episode,), kind=kind, at=int(at), forget=self.ended, phase=phase_of(kind)
+        )
 
 
 @dataclass(frozen=True)
@@ -231,6 +234,7 @@ class RunningDrain:
     waiters: dict[tuple[Any, ...], Waiter] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
     ended: bool = False  # Cluster.drain returned (or raised): only the bookkeeping is left
+    stopped: str = ""  # why it was stopped before its end (a human's uncordon): recorded `stopped`
 
     def as_json(self) -> dict[str, Any]:
         return {

@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from remediator.audit import DecisionLog, DecisionRecord
-from remediator.cluster import BackendUnavailable, DrainOutcome
+from remediator.cluster import BackendUnavailable, DrainOutcome, NotLeader
 from remediator.desired import FiringSet
 from remediator.engine.aws_actions import AwsActuator
 from remediator.engine.drains import DrainRunner, drain_end
@@ -37,6 +37,7 @@ from remediator.engine.records import NodeView
 from remediator.payload import Alert
 from remediator.policy import (
     DISRUPTIVE,
+    TELEMETRY,
     Action,
     AddTaint,
     AwsReboot,
@@ -220,6 +221,12 @@ class Reconciler:
             fired = [c for c in self._firing.causes(node_name) if c.fingerprint == alert.fingerprint]
             rule = self.policy.rule(fired[0].rule) if fired else None
             if rule is not None:
+                return Selection(rule)
+        elif node_name and (cause := self._firing.known(node_name, alert.fingerprint)) is not None:
+            # An episode keeps the rule it fired under (also one rebuilt from the node's record,
+            # whose alert carries no other label than its name and node).
+            rule = self.policy.rule(cause.rule)
+            if rule is not None and episode_start(cause.starts_at) == episode_start(alert.starts_at):
                 return Selection(rule)
         if not node_name or not self.policy.selects_nodes:
             return Selection(self.policy.first_match(alert.labels))
@@ -445,6 +452,10 @@ class Reconciler:
         try:
             return await self._decide(ctx, action)
         except BackendUnavailable as exc:
+            if action.type in TELEMETRY and not isinstance(exc, NotLeader):
+                # Telemetry never blocks or fails a safety step: recorded, and the next step runs.
+                logger.warning("%s on %s not done: %s; the next step runs", action.type, ctx.node_name, exc)
+                return ActionResult("failed", f"{exc}; not retried: the next step runs")
             if not ctx.background:
                 raise  # the webhook answers 503 and Alertmanager redelivers
             logger.warning("%s on %s after its drain: %s", action.type, ctx.node_name, exc)
@@ -511,7 +522,9 @@ class Reconciler:
     ) -> None:
         action = waiter.rule.actions[waiter.index]
         proceed = isinstance(action, Drain) and action.on_timeout == "proceed"
-        result, reason, refused, details = drain_end(outcome, error, final=final, proceed=proceed)
+        result, reason, refused, details = drain_end(
+            outcome, error, final=final, proceed=proceed, stopped=running.stopped
+        )
         if final:
             self.decided.add(waiter.key)
             events: list[NodeEvent] = await self._events.drain_end(running.node, waiter, result, reason)
@@ -529,8 +542,8 @@ class Reconciler:
         )
         if not final:
             return
-        if waiter.resolved is not None:
-            self._skip_after_resolved(running.node, waiter)
+        if waiter.resolved is not None or running.stopped:
+            self._skip_after(running.node, waiter, why=running.stopped)
             return
         if waiter.index + 1 >= len(waiter.rule.actions):
             return
@@ -547,9 +560,10 @@ class Reconciler:
         ctx.steps |= 1 << waiter.index
         await self.run_actions(ctx, waiter.rule.actions, [], start=waiter.index + 1)
 
-    def _skip_after_resolved(self, node: str, waiter: Waiter) -> None:
-        alert, resolved = waiter.alert, waiter.resolved
-        assert resolved is not None  # only called for resolved waiters
+    def _skip_after(self, node: str, waiter: Waiter, *, why: str = "") -> None:
+        """The actions after the drain will not run: the alert resolved while it ran, or (`why`) the
+        drain was stopped."""
+        alert = waiter.alert
         start = episode_start(alert.starts_at)
         for index, action in enumerate(waiter.rule.actions):
             if index <= waiter.index:
@@ -560,13 +574,15 @@ class Reconciler:
             self.pending.pop(key, None)
             self.decided.add(key)
             self._decisions.record(
-                resolved,
+                waiter.resolved or alert,
                 node=node,
                 action=action.type,
                 rule=waiter.rule.name,
                 dry_run=False,
                 outcome="skipped",
-                reason="alert resolved while the drain ran; not run",
+                reason=f"the drain was stopped ({why}); not run"
+                if why
+                else "alert resolved while the drain ran; not run",
             )
 
     def _resolve_waiters(self, alert: Alert) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from remediator.cluster import Cluster, Node, Taint
-from remediator.policy import DISRUPTIVE, AddTaint, AwsSetUnhealthy, Rule
+from remediator.policy import DISRUPTIVE, AddTaint, AwsReboot, AwsSetUnhealthy, Rule
 from remediator.record import (
     CORDONED_AT,
     DRAIN_STATUS,
@@ -41,8 +41,8 @@ class Steps:
     decided: int = 0
     """Bit i: action i decided (AWS `aws_set_unhealthy` bits excluded: see `intent`)."""
     intent: int = 0
-    """Bit i: action i (aws_set_unhealthy) was asked for: the call may or may not have been made, so
-    the instance's state is read before it is made again."""
+    """Bit i: action i (aws_set_unhealthy, aws_reboot) was asked for: the call may or may not have
+    been made, so the instance's state is read before it is made again."""
 
 
 @dataclass
@@ -131,9 +131,11 @@ class NodeView:
         episode = self.record(node).episode(fingerprint, start)
         if episode is None or episode.rule != rule.name:
             return Steps()
+        if episode.released:  # a human ended it: every step counts as decided, none runs again
+            return Steps(decided=(1 << len(rule.actions)) - 1)
         intent = 0
         for index, action in enumerate(rule.actions):
-            if isinstance(action, AwsSetUnhealthy) and episode.done(index):
+            if isinstance(action, AwsSetUnhealthy | AwsReboot) and episode.done(index):
                 intent |= 1 << index
         return Steps(decided=episode.steps & ~intent, intent=intent)
 
@@ -159,7 +161,9 @@ class NodeView:
             kinds.add("cordon")
         if self.present_taints(node):
             kinds.add("taint")
-        if annotations.get(DRAIN_STATUS) == "in-progress":
+        if annotations.get(DRAIN_STATUS) == "in-progress" and node.unschedulable:
+            # A drain holds the node while the node is out of service: a human's uncordon gives it
+            # back, whatever a drain that never ended left in the annotation.
             kinds.add("drain")
         record = read(annotations) if EPISODES in annotations else NodeRecord()
         # This service cordoned it (before a replacement) and it is schedulable again: a human put

@@ -40,7 +40,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -58,9 +58,12 @@ from remediator.cluster import (
     EvictionResult,
     Node,
     NodeCondition,
+    NodeListener,
+    NotLeader,
     ObjectFormatError,
     Pod,
     PodDisruptionBudget,
+    Returned,
     StateConflict,
     Taint,
     node_from_object,
@@ -78,6 +81,7 @@ from remediator.record import (
     DRAIN_STATUS,
     MANAGER,
     PREFIX,
+    RETURN_FORGETS,
     TAINTS_ADDED,
     RecordChange,
     owned_taints,
@@ -94,10 +98,6 @@ STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 EVENT_MESSAGE_LIMIT = 1024
 EVENT_SERIES_SECONDS = 600.0
 """A repeat within this long bumps an Event's count (client-go's window); older series are forgotten."""
-
-
-class NotLeader(BackendUnavailable):
-    """This replica lost (or never had) the leader Lease; another one acts. Answered with 503."""
 
 
 class ApiError(Exception):
@@ -125,6 +125,8 @@ class ClientConfig:
 
 
 PDB_API = "policy/v1 poddisruptionbudgets"
+DAEMONSET_API = "apps/v1 daemonsets"
+"""Read to tell a pod of a DaemonSet that no longer exists (kubectl drain's orphan), when allowed."""
 """The optional API a drain reads (planning only; evictions enforce the budgets themselves)."""
 
 STATE_KEY = "state.json"
@@ -295,6 +297,7 @@ class KubernetesCluster:
         self.settings = settings or KubernetesSettings()
         self._core = k8s.CoreV1Api(api)
         self._policy = k8s.PolicyV1Api(api)
+        self._apps = k8s.AppsV1Api(api)
         self._should_act = should_act
         self._clock = clock
         self._events: dict[tuple[str, str, str, str], tuple[str, int, float]] = {}
@@ -743,6 +746,26 @@ class KubernetesCluster:
         except ObjectFormatError as exc:
             raise BackendUnavailable(f"a pod on {node} has an unexpected shape: {exc}") from exc
 
+    async def daemonsets_exist(self, refs: Collection[tuple[str, str]]) -> set[tuple[str, str]] | None:
+        """Which of these (namespace, name) DaemonSets exist (a GET each, as kubectl drain makes); None
+        when the API does not say (no permission, not served): every one then counts as existing."""
+        found: set[tuple[str, str]] = set()
+        for namespace, name in sorted(set(refs)):
+            try:
+                await self._call(
+                    f"read daemonset {namespace}/{name}",
+                    self._apps.read_namespaced_daemon_set_without_preload_content,
+                    name,
+                    namespace,
+                )
+            except ApiError as exc:
+                if exc.status == 404 and exc.reason == "NotFound":
+                    continue  # gone: its pods are orphans
+                self._api_missing(DAEMONSET_API, exc)
+                return None
+            found.add((namespace, name))
+        return found
+
     async def list_pdbs(self) -> list[PodDisruptionBudget]:
         """Every PodDisruptionBudget (from the watch while a drain runs, else one LIST); none when the
         API server does not serve policy/v1 (before 1.21).
@@ -988,6 +1011,57 @@ class KubernetesCluster:
         if await self._modify_node(node, "untaint", change):
             logger.info("removed taint %s:%s from %s", taint.key, taint.effect, node)
 
+    async def return_node(
+        self,
+        node: str,
+        *,
+        uid: str,
+        taints: Sequence[Taint],
+        annotations: Mapping[str, str | None],
+        record: RecordChange | None = None,
+    ) -> Returned | None:
+        """Give the node with this `uid` back to the pool in one write: uncordon it if this service
+        cordoned it and nobody changed the cordon since (annotation and managedFields), remove exactly
+        these taints (key, effect and value) where this service added them, forget the ownership and
+        drain annotations, set (None: remove) `annotations` and apply `record`. None when no node
+        with that uid exists (gone, or replaced again)."""
+        done = Returned()
+
+        def change(obj: dict[str, Any]) -> dict[str, Any] | None:
+            nonlocal done
+            if _uid(obj) != uid:
+                return None
+            current = _annotations(obj)
+            owned = owned_taints(current)
+            spec_taints = list(obj.get("spec", {}).get("taints") or [])
+            gone = {(t.key, t.effect, t.value) for t in taints if taint_id(t.key, t.effect) in owned}
+            kept = [t for t in spec_taints if (t.get("key"), t.get("effect"), t.get("value", "")) not in gone]
+            removed = tuple(sorted(taint_id(k, e) for k, e, _ in gone))
+            meta: dict[str, str | None] = {k: None for k in (*RETURN_FORGETS, TAINTS_ADDED) if k in current}
+            meta.update(annotations)
+            meta |= _record_annotation(record, obj)
+            patch: dict[str, Any] = {"metadata": {"annotations": meta}}
+            if len(kept) != len(spec_taints):
+                patch["spec"] = {"taints": kept}
+            ours = current.get(CORDONED_BY) == self.settings.manager
+            cordoned = bool(obj.get("spec", {}).get("unschedulable"))
+            flip = ours and cordoned and manages_unschedulable(obj, self.settings.manager)
+            if flip:
+                patch.setdefault("spec", {})["unschedulable"] = False
+            done = Returned(
+                found=True,
+                uncordoned=flip,
+                cordon_kept=cordoned and not flip,
+                taints_removed=removed,
+            )
+            return patch
+
+        written = await self._modify_node(node, "return to the pool", change)
+        if written is None and not done.found:
+            return None
+        logger.info("%s returned to the pool: %s", node, done)
+        return done
+
     # -- conditions and events -----------------------------------------------------------------
 
     async def set_condition(
@@ -1224,7 +1298,7 @@ class KubernetesCluster:
         node: str,
         settings: DrainSettings,
         *,
-        ended: Callable[[], RecordChange | None] | None = None,
+        ended: Callable[[DrainOutcome], RecordChange | None] | None = None,
     ) -> DrainOutcome:
         """Cordon (if needed) and drain the node like `kubectl drain`, until done or the deadline.
 
@@ -1234,7 +1308,7 @@ class KubernetesCluster:
         annotations let the next attempt (here or on the new leader) resume with the same deadline.
         The node's pods and the PodDisruptionBudgets are watched while it runs: the plan, the retries
         and the wait for evicted pods read the watches, not the API. After `start_drain` (one write),
-        the write that records the end (or the refusal) carries `ended()`: two writes of the node
+        the write that records the end (or the refusal) carries `ended(outcome)`: two writes of the node
         per drain.
         """
         self._ensure_leader(f"drain {node}")
@@ -1251,7 +1325,8 @@ class KubernetesCluster:
                 raise BackendUnavailable(f"drain {node}: node not found")
             pod_objs = pod_cache.objects()
             uids = {_pod_key(o): _uid(o) for o in pod_objs}
-            plan = _plan(node, pod_objs, pdb_cache, settings)
+            daemonsets = await self.daemonsets_exist(_daemonset_refs(pod_objs))
+            plan = _plan(node, pod_objs, pdb_cache, settings, daemonsets)
             skipped = tuple(f"{p.namespace}/{p.name}" for p in plan.skip)
             here = self._started_here.pop(node, None)
             if plan.needs_permission:
@@ -1260,7 +1335,9 @@ class KubernetesCluster:
                 outcome = DrainOutcome(node, False, False, (), skipped, blocked, False, self._clock())
                 in_progress = here is not None or _annotations(obj).get(DRAIN_STATUS) == "in-progress"
                 refused = "refused" if in_progress else None
-                await self._finish_drain(node, outcome, status=refused, record=ended() if ended else None)
+                await self._finish_drain(
+                    node, outcome, status=refused, record=ended(outcome) if ended else None
+                )
                 return outcome
             deadline, resumed, stamp = self._drain_window(obj, settings.timeout_seconds)
             if here is not None:
@@ -1277,6 +1354,7 @@ class KubernetesCluster:
                 pods=pod_cache,
                 pdbs=pdb_cache,
                 known=known,
+                daemonsets=daemonsets,
             )
             blocked_list = await run.execute(targets)
             evicted = tuple(f"{ns}/{name}" for ns, name in run.targets if (ns, name) in run.gone)
@@ -1285,7 +1363,7 @@ class KubernetesCluster:
                 node, not blocked_list, timed_out, evicted, skipped, tuple(blocked_list), resumed, deadline
             )
             status = "refused" if run.refused else ("timed-out" if timed_out else "done")
-            await self._finish_drain(node, outcome, status=status, record=ended() if ended else None)
+            await self._finish_drain(node, outcome, status=status, record=ended(outcome) if ended else None)
             return outcome
 
     async def _enter_pdb_watch(self, stack: contextlib.AsyncExitStack) -> WatchCache | None:
@@ -1317,6 +1395,18 @@ class KubernetesCluster:
     # A quarantine must outlive the Node object (a machine replaced under the same name is a new
     # object, without the old one's annotations): one small ConfigMap per quarantined node in the
     # remediator's own namespace, labelled so that one LIST with a label selector reads them all.
+
+    def watch_nodes(self, listener: NodeListener) -> None:
+        """Call `listener(name, annotations)` at every change the node watch delivers (annotations
+        None: the node was deleted)."""
+
+        def tell(key: Hashable, obj: dict[str, Any] | None) -> None:
+            if obj is None:
+                listener(str(key), None)
+            else:
+                listener(str(key), _annotations(obj))
+
+        self.nodes.listeners.append(tell)
 
     def observed_nodes(self) -> list[Node] | None:
         """The nodes as the watch cache has them (no request); None until it synced."""
@@ -1507,8 +1597,23 @@ def _all_or_raise(a: _A | BaseException, b: _B | BaseException, c: _C | BaseExce
     return a, b, c  # type: ignore[return-value]  # none is an exception: checked just above
 
 
+def _daemonset_refs(pod_objs: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    """(namespace, name) of the DaemonSets that control these pods."""
+    refs = set()
+    for obj in pod_objs:
+        meta = obj.get("metadata") or {}
+        for ref in meta.get("ownerReferences") or []:
+            if isinstance(ref, dict) and ref.get("controller") is True and ref.get("kind") == "DaemonSet":
+                refs.add((str(meta.get("namespace") or "default"), str(ref.get("name", ""))))
+    return refs
+
+
 def _plan(
-    node: str, pod_objs: list[dict[str, Any]], pdbs: WatchCache | None, settings: DrainSettings
+    node: str,
+    pod_objs: list[dict[str, Any]],
+    pdbs: WatchCache | None,
+    settings: DrainSettings,
+    daemonsets: Collection[tuple[str, str]] | None = None,
 ) -> DrainPlan:
     """The drain plan of these pods under the watched budgets (none when policy/v1 is not served)."""
     try:
@@ -1521,6 +1626,7 @@ def _plan(
         budgets,
         delete_emptydir_data=settings.delete_emptydir_data,
         force_bare_pods=settings.force_bare_pods,
+        daemonsets=daemonsets,
     )
 
 
@@ -1539,8 +1645,10 @@ class _DrainRun:
         pods: WatchCache,
         pdbs: WatchCache | None,
         known: set[tuple[str, str]],
+        daemonsets: Collection[tuple[str, str]] | None = None,
     ) -> None:
         self.cluster = cluster
+        self.daemonsets = daemonsets
         self.node = node
         self.settings = settings
         self.deadline = deadline
@@ -1609,7 +1717,7 @@ class _DrainRun:
         fresh = [o for o in self.pods.objects() if _pod_key(o) not in self.known]
         if not fresh:
             return []
-        plan = _plan(self.node, fresh, self.pdbs, self.settings)
+        plan = _plan(self.node, fresh, self.pdbs, self.settings, self.daemonsets)
         self.known |= {(p.namespace, p.name) for p in (*plan.evict, *plan.skip, *plan.blocked)}
         self.uids |= {_pod_key(o): _uid(o) for o in fresh}
         late = [(p.namespace, p.name) for p in (*plan.evict, *plan.waiting_on_pdb)]

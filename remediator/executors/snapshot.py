@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +36,11 @@ from remediator.cluster import (
     EvictionResult,
     Node,
     NodeCondition,
+    NodeListener,
     ObjectFormatError,
     Pod,
     PodDisruptionBudget,
+    Returned,
     Taint,
     node_from_object,
     pdb_from_object,
@@ -50,6 +52,7 @@ from remediator.record import (
     CORDONED_BY,
     DRAIN_STATUS,
     MANAGER,
+    RETURN_FORGETS,
     TAINTS_ADDED,
     RecordChange,
     owned_taints,
@@ -90,6 +93,7 @@ class SnapshotCluster:
         """An older release's whole gate-state document, as JSON text (migrated, then deleted)."""
         self.quarantines: dict[str, str] = {}
         """Node name -> the durable copy of its quarantine, as JSON text."""
+        self._listeners: list[NodeListener] = []
         self.quarantine_writes: list[str] = []
         """Every save and delete of a durable quarantine copy (`save gpu-1`, `delete gpu-1`), in order;
         mutating calls kept apart from `mutations`, which lists what is done to the nodes."""
@@ -144,11 +148,37 @@ class SnapshotCluster:
     async def list_pdbs(self) -> list[PodDisruptionBudget]:
         return list(self.pdbs.values())
 
+    async def daemonsets_exist(self, refs: Collection[tuple[str, str]]) -> set[tuple[str, str]] | None:
+        """A snapshot (`kubectl get nodes,pods,poddisruptionbudgets`) holds no DaemonSets: unknown."""
+        del refs
+        return None
+
     # -- writes (in memory) ----------------------------------------------------------------------
 
     def _replace_node(self, name: str, **changes: Any) -> None:
         if name in self.nodes:
             self.nodes[name] = dataclasses.replace(self.nodes[name], **changes)
+            self._notify(name)
+
+    def watch_nodes(self, listener: NodeListener) -> None:
+        """Call `listener(name, annotations)` at every change of a node (annotations None: deleted),
+        as a watch would deliver it: this backend's own writes, and `change_node`."""
+        self._listeners.append(listener)
+
+    def _notify(self, name: str) -> None:
+        node = self.nodes.get(name)
+        for listener in self._listeners:
+            listener(name, node.annotations if node is not None else None)
+
+    def change_node(self, name: str, **changes: Any) -> None:
+        """Someone else changed the node (a test plays a human: `unschedulable=False`, other taints)."""
+        self.mutations.append(f"someone else changed {name}: {', '.join(sorted(changes))}")
+        self._replace_node(name, **changes)
+
+    def delete_node(self, name: str) -> None:
+        """Someone deleted the node object."""
+        if self.nodes.pop(name, None) is not None:
+            self._notify(name)
 
     def _annotations(
         self, name: str, annotations: Mapping[str, str | None], record: RecordChange | None
@@ -210,6 +240,41 @@ class SnapshotCluster:
         ]
         kept = tuple(t for t in current.taints if t not in ours)
         self._replace_node(node, taints=kept, annotations=self._annotations(node, forget, record))
+
+    async def return_node(
+        self,
+        node: str,
+        *,
+        uid: str,
+        taints: Sequence[Taint],
+        annotations: Mapping[str, str | None],
+        record: RecordChange | None = None,
+    ) -> Returned | None:
+        """Like the Kubernetes executor (the cordon is this service's when its annotation says so)."""
+        current = self.nodes.get(node)
+        if current is None or current.uid != uid:
+            return None
+        self.mutations.append(f"return {node}")
+        owned = owned_taints(current.annotations)
+        gone = {(t.key, t.effect, t.value) for t in taints if taint_id(t.key, t.effect) in owned}
+        kept = tuple(t for t in current.taints if (t.key, t.effect, t.value) not in gone)
+        forget: dict[str, str | None] = {
+            k: None for k in (*RETURN_FORGETS, TAINTS_ADDED) if k in current.annotations
+        }
+        forget.update(annotations)
+        flip = current.unschedulable and current.annotations.get(CORDONED_BY) == MANAGER
+        self._replace_node(
+            node,
+            taints=kept,
+            unschedulable=current.unschedulable and not flip,
+            annotations=self._annotations(node, forget, record),
+        )
+        return Returned(
+            found=True,
+            uncordoned=flip,
+            cordon_kept=current.unschedulable and not flip,
+            taints_removed=tuple(sorted(taint_id(k, e) for k, e, _ in gone)),
+        )
 
     async def set_condition(
         self,
@@ -284,16 +349,16 @@ class SnapshotCluster:
         node: str,
         settings: DrainSettings,
         *,
-        ended: Callable[[], RecordChange | None] | None = None,
+        ended: Callable[[DrainOutcome], RecordChange | None] | None = None,
     ) -> DrainOutcome:
         """Cordon and evict what `kubectl drain` would, in memory (see the module docstring); the end
-        is recorded on the node with `ended()`, as the Kubernetes executor writes it."""
+        is recorded on the node with `ended(outcome)`, as the Kubernetes executor writes it."""
         if node not in self.nodes:
             raise BackendUnavailable(f"drain {node}: node not found")
         self.mutations.append(f"drain {node}")
         outcome = await self._drain(node, settings)
         status = "done" if outcome.completed else ("timed-out" if outcome.timed_out else "refused")
-        change = ended() if ended is not None else None
+        change = ended(outcome) if ended is not None else None
         if node in self.nodes:
             self._replace_node(node, annotations=self._annotations(node, {DRAIN_STATUS: status}, change))
         return outcome
@@ -401,6 +466,7 @@ class SnapshotCluster:
         """The node object was deleted and created again under its name (a test plays the cloud's
         repair: a new uid, none of the old annotations, conditions or cordon)."""
         self.nodes[node.name] = node
+        self._notify(node.name)
 
 
 class RecordingAws:

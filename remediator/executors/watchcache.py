@@ -99,6 +99,10 @@ def _event(line: bytes, what: str) -> Mapping[str, Any]:
     return event
 
 
+def _version(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion", ""))
+
+
 def _keep(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
@@ -147,6 +151,10 @@ class WatchCache:
         """WATCH requests made."""
         self.expired = 0
         """Watches answered 410 Gone (their resourceVersion was compacted away)."""
+        self.listeners: list[Callable[[Hashable, dict[str, Any] | None], None]] = []
+        """Told of every object the watch (or a LIST replacing the contents) changed: (key, the
+        object now, None when it is gone). Not told of this service's own writes (`observe`): the
+        watch event that follows them tells."""
         self.failures = 0
         """Failed LISTs and watches in a row (0 again after a LIST or an event)."""
         self.last_error = ""
@@ -243,7 +251,14 @@ class WatchCache:
             key = self._key(obj)
             if key is not None:
                 objects[key] = self._trim(obj)
-        self._objects = objects
+        before, self._objects = self._objects, objects
+        if self.listeners and before:
+            for key in before.keys() - objects.keys():
+                self._tell(key, None)
+            for key, obj in objects.items():
+                old = before.get(key)
+                if old is None or _version(old) != _version(obj):
+                    self._tell(key, obj)
         self._version = version
         self.failures = 0
         if not self._synced.is_set():
@@ -276,10 +291,19 @@ class WatchCache:
         if key is None:
             return
         if kind == "DELETED":
-            self._objects.pop(key, None)
+            if self._objects.pop(key, None) is not None:
+                self._tell(key, None)
         elif _newer(obj, self._objects.get(key)):
-            self._objects[key] = self._trim(obj)
+            self._objects[key] = kept = self._trim(obj)
+            self._tell(key, kept)
         self._touch()
+
+    def _tell(self, key: Hashable, obj: dict[str, Any] | None) -> None:
+        for listener in self.listeners:
+            try:
+                listener(key, obj)
+            except Exception:  # a listener's bug must not stop the watch
+                logger.exception("%s cache: a listener failed on %r", self.what, key)
 
     async def _watch(self) -> int:
         """One WATCH from the current version until the server ends it; the events it delivered."""

@@ -38,7 +38,11 @@ class _Entry:
 class NodeQueue:
     """Per-node locks and a de-duplicating queue of nodes to reconcile in the background."""
 
-    def __init__(self, *, workers: int = 8, retry_seconds: float = 5.0) -> None:
+    def __init__(
+        self, *, reconcile: Reconcile | None = None, workers: int = 8, retry_seconds: float = 5.0
+    ) -> None:
+        self._reconcile = reconcile
+        """What the workers call for each node taken from the queue (see `bind`)."""
         self._entries: dict[str, _Entry] = {}
         self._queued: OrderedDict[str, None] = OrderedDict()
         self._running: set[str] = set()
@@ -94,6 +98,8 @@ class NodeQueue:
             self._queued[node] = None
             self._idle.clear()
             self._ready.set()
+            if not self._tasks and self._reconcile is not None and _in_loop():
+                self.start(self._reconcile)  # the first trigger starts the workers
 
     def add_after(self, node: str, seconds: float) -> None:
         """Reconcile `node` in `seconds` (a repair timer, a retry); an earlier timer for it is kept."""
@@ -110,8 +116,13 @@ class NodeQueue:
     def __len__(self) -> int:
         return len(self._queued)
 
+    def bind(self, reconcile: Reconcile) -> None:
+        """The reconcile the workers call; they start with the first node added."""
+        self._reconcile = reconcile
+
     def start(self, reconcile: Reconcile) -> None:
-        """Start the workers (idempotent)."""
+        """Start the workers now (idempotent)."""
+        self._reconcile = reconcile
         if self._tasks:
             return
         self._tasks = [
@@ -160,3 +171,11 @@ class NodeQueue:
                     self.add(node)
                 if not self._queued and not self._running:
                     self._idle.set()
+
+
+def _in_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

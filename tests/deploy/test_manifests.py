@@ -473,6 +473,7 @@ EXPECTED_RBAC = {
         ("", "pods"): {"list", "watch"},
         ("", "pods/eviction"): {"create"},
         ("policy", "poddisruptionbudgets"): {"list", "watch"},
+        ("apps", "daemonsets"): {"get"},
     },
     ("Role", "accel-health-remediator"): {
         ("coordination.k8s.io", "leases"): {"get", "create", "update", "patch"},

@@ -144,7 +144,7 @@ async def test_two_pools_one_drained_one_only_tainted_under_a_pool_budget_that_c
     assert ("p5-0", "drain-p5", "cordon", "done", None) in first
     assert ("p5-0", "drain-p5", "drain", "done", None) in first
     assert ("p5-1", "drain-p5", "cordon", "deferred", "budget") in first
-    assert [d for d in first if d[0] in G5] == [
+    assert sorted(d for d in first if d[0] in G5) == [  # nodes are decided in parallel
         ("g5-0", "taint-g5", "taint", "done", None),
         ("g5-1", "taint-g5", "taint", "done", None),
     ]

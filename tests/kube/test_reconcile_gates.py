@@ -199,14 +199,14 @@ async def test_nodes_cordoned_by_someone_else_or_not_ready_count_against_the_bud
         await eng.handle(webhook(alert("gpu-1"), alert("gpu-3")))
     finally:
         await close(eng)
-    # Nodes are decided in parallel: gpu-1 (first in the delivery) takes the last slot while its
-    # cordon is written; gpu-3's deferral may be logged before that write ends.
-    assert sorted(outcomes(eng)) == [
-        ("gpu-1", "cordon", "done", None),
-        ("gpu-3", "cordon", "deferred", "budget"),
-    ]
+    # Nodes are decided in parallel: one of the two takes the last slot (whichever reaches the
+    # budget first), the other is deferred by it.
+    decided = sorted((o[2], o[3]) for o in outcomes(eng))
+    assert decided == [("deferred", "budget"), ("done", None)]
+    assert {o[0] for o in outcomes(eng)} == {"gpu-1", "gpu-3"}
     reason = next(r.reason for r in eng.log.records() if r.outcome == "deferred")
     assert "gpu-5 unschedulable" in reason
     assert "gpu-6 NotReady" in reason
     assert "cpu-3" not in reason
-    assert cordoned(plane) == ["cpu-3", "gpu-1", "gpu-5"]
+    [acted] = [o[0] for o in outcomes(eng) if o[3] is None]
+    assert cordoned(plane) == sorted(["cpu-3", acted, "gpu-5"])

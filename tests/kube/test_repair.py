@@ -156,6 +156,7 @@ class Loop:
             verifier=verifier,
             firing=self.engine.causes,
             publish=self.engine.publish,
+            node_lock=self.engine.queue.lock,
         )
         return self.repair
 

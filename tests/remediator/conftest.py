@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import json
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +21,10 @@ from remediator.cluster import (
     EvictionResult,
     Node,
     NodeCondition,
+    NodeListener,
     Pod,
     PodDisruptionBudget,
+    Returned,
     Taint,
 )
 from remediator.engine import Engine, EngineSettings
@@ -63,6 +65,7 @@ MUTATING = frozenset(
         "set_startup_taint",
         "save_quarantine",
         "delete_quarantine",
+        "return_node",
     }
 )
 
@@ -104,6 +107,10 @@ class CountingCluster:
         self.calls["list_pdbs"] += 1
         return await self.inner.list_pdbs()
 
+    async def daemonsets_exist(self, refs: Collection[tuple[str, str]]) -> set[tuple[str, str]] | None:
+        self.calls["daemonsets_exist"] += 1
+        return await self.inner.daemonsets_exist(refs)
+
     async def cordon(self, node: str, *, record: RecordChange | None = None) -> bool:
         self.calls["cordon"] += 1
         return await self.inner.cordon(node, record=record)
@@ -130,6 +137,20 @@ class CountingCluster:
     ) -> None:
         self.calls["set_condition"] += 1
         await self.inner.set_condition(node, condition, record=record, annotations=annotations)
+
+    async def return_node(
+        self,
+        node: str,
+        *,
+        uid: str,
+        taints: Sequence[Taint],
+        annotations: Mapping[str, str | None],
+        record: RecordChange | None = None,
+    ) -> Returned | None:
+        self.calls["return_node"] += 1
+        return await self.inner.return_node(
+            node, uid=uid, taints=taints, annotations=annotations, record=record
+        )
 
     async def record_event(self, *, node: str, reason: str, message: str, type_: str) -> None:
         self.calls["record_event"] += 1
@@ -164,7 +185,7 @@ class CountingCluster:
         node: str,
         settings: DrainSettings,
         *,
-        ended: Callable[[], RecordChange | None] | None = None,
+        ended: Callable[[DrainOutcome], RecordChange | None] | None = None,
     ) -> DrainOutcome:
         self.calls["drain"] += 1
         return await self.inner.drain(node, settings, ended=ended)
@@ -184,6 +205,9 @@ class CountingCluster:
     async def delete_legacy_state(self) -> None:
         self.calls["delete_legacy_state"] += 1
         await self.inner.delete_legacy_state()
+
+    def watch_nodes(self, listener: NodeListener) -> None:
+        self.inner.watch_nodes(listener)
 
     def observed_nodes(self) -> list[Node] | None:
         self.calls["observed_nodes"] += 1

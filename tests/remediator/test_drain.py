@@ -151,3 +151,78 @@ def test_details_and_summary_have_the_shape_the_decision_record_promises() -> No
         "blocked": [{"namespace": "ml", "name": "w1", "reason": result.blocked[0].reason}],
     }
     assert result.summary(dry_run=True).startswith("would evict 1 pod [ml/w0], skip 1 [ml/ds], 1 waits")
+
+
+# -- where the plan used to depart from kubectl drain (compared with kubectl's filters and the
+# Eviction API's own rules) ------------------------------------------------------------------------
+
+
+def test_a_pod_whose_daemonset_is_gone_is_an_orphan_that_needs_force_as_kubectl_says() -> None:
+    orphan = pod("ds-orphan", owners=DAEMONSET)
+    refused = plan_drain([orphan], [], delete_emptydir_data=False, force_bare_pods=False, daemonsets=set())
+    bucket, reason = where(refused, "ds-orphan")
+    assert bucket == "blocked"
+    assert reason.startswith("its DaemonSet ml/exporter no longer exists: nothing would recreate it")
+    assert refused.needs_permission  # kubectl refuses the whole drain without --force
+    forced = plan_drain([orphan], [], delete_emptydir_data=False, force_bare_pods=True, daemonsets=set())
+    assert where(forced, "ds-orphan")[0] == "evict"
+    kept = plan_drain(
+        [orphan], [], delete_emptydir_data=False, force_bare_pods=True, daemonsets={("ml", "exporter")}
+    )
+    assert where(kept, "ds-orphan")[0] == "skip"  # its DaemonSet exists: left alone even with force
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_a_finished_daemonset_pod_goes_as_kubectl_lets_it(phase: str) -> None:
+    assert where(plan([pod("ds-done", owners=DAEMONSET, phase=phase)]), "ds-done") == (
+        "evict",
+        f"{phase} pod; always deletable",
+    )
+
+
+def test_a_pod_that_is_not_ready_goes_without_charging_a_budget_with_no_disruption_left() -> None:
+    budget = PodDisruptionBudget(
+        namespace="ml",
+        name="train-pdb",
+        selector=LabelSelector(match_labels={"app": "train"}),
+        disruptions_allowed=0,
+        current_healthy=3,
+        desired_healthy=3,
+    )
+    unready = pod("train-unready", labels={"app": "train"}, ready=False)
+    ready = pod("train-ready", labels={"app": "train"})
+    result = plan([unready, ready], [budget])
+    assert where(result, "train-unready")[0] == "evict"
+    assert where(result, "train-ready")[0] == "blocked"  # a ready pod still waits on the budget
+
+
+def test_an_unready_pod_waits_when_the_budgets_application_is_unhealthy_unless_always_allow() -> None:
+    unhealthy = PodDisruptionBudget(
+        namespace="ml",
+        name="train-pdb",
+        selector=LabelSelector(match_labels={"app": "train"}),
+        disruptions_allowed=0,
+        current_healthy=1,
+        desired_healthy=3,
+    )
+    unready = pod("train-unready", labels={"app": "train"}, ready=False)
+    assert where(plan([unready], [unhealthy]), "train-unready")[0] == "blocked"
+    always = PodDisruptionBudget(
+        namespace="ml",
+        name="train-pdb",
+        selector=LabelSelector(match_labels={"app": "train"}),
+        disruptions_allowed=0,
+        current_healthy=1,
+        desired_healthy=3,
+        unhealthy_pod_eviction_policy="AlwaysAllow",
+    )
+    assert where(plan([unready], [always]), "train-unready")[0] == "evict"
+
+
+def test_pending_pods_and_pods_being_deleted_ignore_budgets() -> None:
+    budget = pdb(0)
+    pending = pod("train-pending", labels={"app": "train"}, phase="Pending")
+    deleting = pod("train-deleting", labels={"app": "train"}, deleting=True)
+    result = plan([pending, deleting], [budget])
+    assert where(result, "train-pending")[0] == "evict"
+    assert where(result, "train-deleting")[0] == "evict"

@@ -19,12 +19,18 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from remediator.app import create_app
-from remediator.cluster import BackendUnavailable, DrainSettings, EvictionResult, NodeCondition, Taint
+from remediator.cluster import (
+    BackendUnavailable,
+    DrainSettings,
+    EvictionResult,
+    NodeCondition,
+    NotLeader,
+    Taint,
+)
 from remediator.engine import Engine, EngineSettings
 from remediator.executors.kubernetes import (
     KubernetesCluster,
     KubernetesSettings,
-    NotLeader,
     manages_unschedulable,
     trim_node,
 )

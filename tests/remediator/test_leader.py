@@ -24,9 +24,9 @@ from kubernetes.aio import client as k8s
 
 from remediator import cli
 from remediator.app import create_app
-from remediator.cluster import DrainSettings
+from remediator.cluster import DrainSettings, NotLeader
 from remediator.engine import Engine, EngineSettings
-from remediator.executors.kubernetes import KubernetesCluster, NotLeader
+from remediator.executors.kubernetes import KubernetesCluster
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster
 from remediator.leader import LeaderElector, LeaderSettings, install
 from remediator.policy import load_policy
