@@ -338,9 +338,9 @@ def _load(config: Path | None, snapshot: Path | None) -> tuple[Policy, SnapshotC
 
 
 def _aws(args: argparse.Namespace, *, acts: bool) -> Aws:
-    """The AWS seam: boto3 with --aws; without it, a service that acts on a real cluster calls
-    nothing and says so (AWS actions skipped, never reported done); a dry run or a cluster snapshot
-    records what would have been called."""
+    """The AWS seam: boto3 with --aws; without it, a service on a real cluster (enforcing or dry-run)
+    calls nothing and says so (AWS actions skipped, never reported done, a dry run saying it would
+    skip them); a cluster snapshot records what would have been called."""
     if not args.aws:
         return AwsOff() if acts else RecordingAws()
     dims = {}
@@ -477,7 +477,9 @@ def _service_app(
     engine = Engine(
         policy=policy,
         cluster=cluster,
-        aws=_aws(args, acts=not args.dry_run and not isinstance(cluster, SnapshotCluster)),
+        # A dry run on a real cluster says what the same service would do when it enforces: without
+        # --aws that is nothing on AWS, so it gets the same seam (AWS steps skipped, saying why).
+        aws=_aws(args, acts=not isinstance(cluster, SnapshotCluster)),
         settings=EngineSettings(dry_run=args.dry_run, node_label=args.node_label),
         clock=time.time,
         evidence_fetcher=ExporterEvidence(

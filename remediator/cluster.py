@@ -22,6 +22,11 @@ class BackendUnavailable(RuntimeError):
     """The backend could not be reached; the webhook answers 503 so that Alertmanager retries."""
 
 
+class WriteRefused(RuntimeError):
+    """The API refused a write for good (invalid, forbidden): retrying would get the same answer, so
+    the step is recorded as failed instead of answering 503 to every redelivery."""
+
+
 class NotLeader(BackendUnavailable):
     """This replica lost (or never had) the leader Lease; another one acts. Answered with 503."""
 

@@ -105,6 +105,11 @@ def _fingerprint(labels: Mapping[str, str]) -> str:
     return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
 
+MAX_ALERTNAME = 128
+"""The longest alertname accepted (a Kubernetes Event's reason is at most 128 characters)."""
+_FINGERPRINT = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+"""A fingerprint as the node's record keeps it (Alertmanager's are 16 hex digits)."""
+
 _RFC3339 = re.compile(r"(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d+))?(Z|z|[+-]\d{2}:\d{2})$")
 
 
@@ -133,7 +138,19 @@ def _alert(raw: Any, index: int) -> Alert:
     if status not in ("firing", "resolved"):
         raise PayloadError(f'{where}status: expected "firing" or "resolved", got {status!r}')
     labels = _string_map(raw, "labels", where, required=True)
+    alertname = labels.get("alertname", "")
+    if len(alertname) > MAX_ALERTNAME:
+        # It becomes an Event's and a condition's reason, and part of the node's record.
+        raise PayloadError(
+            f"{where}labels.alertname: {len(alertname)} characters, at most {MAX_ALERTNAME} (it names "
+            "Events and conditions on the node)"
+        )
     fingerprint = _string(raw, "fingerprint", where) or _fingerprint(labels)
+    if not _FINGERPRINT.fullmatch(fingerprint):
+        raise PayloadError(
+            f"{where}fingerprint: expected 1 to 64 letters, digits or ._:- (Alertmanager sends 16 hex "
+            f"digits), got {fingerprint[:80]!r}{'...' if len(fingerprint) > 80 else ''}"
+        )
     starts_at = _string(raw, "startsAt", where)
     if not starts_at:
         # Part of the idempotency key: without it every episode of the alert would share one key.

@@ -66,6 +66,7 @@ from remediator.cluster import (
     Returned,
     StateConflict,
     Taint,
+    WriteRefused,
     node_from_object,
     pdb_from_object,
     pod_from_object,
@@ -267,6 +268,27 @@ def manages_unschedulable(obj: Mapping[str, Any], manager: str) -> bool:
         if "f:unschedulable" in spec:
             return True
     return False
+
+
+BLOCKED_SHOWN = 20
+"""Pods `drain-blocked` names at most (the rest counted): a node's annotations stay small whatever
+blocks a drain (the decision record and the Event list them all)."""
+
+
+def blocked_annotation(blocked: Sequence[BlockedPod]) -> str:
+    """`drain-blocked`: `ns/a,ns/b` of the first BLOCKED_SHOWN pods, then `,+N more`."""
+    names = [f"{b.namespace}/{b.name}" for b in blocked[:BLOCKED_SHOWN]]
+    if len(blocked) > BLOCKED_SHOWN:
+        names.append(f"+{len(blocked) - BLOCKED_SHOWN} more")
+    return ",".join(names)
+
+
+def _refused_or_unavailable(what: str, exc: ApiError) -> Exception:
+    """A write's error answer: refused for good (400, 403, 422: the same write gets the same answer;
+    the step is recorded as failed, not retried by every redelivery), else worth a retry (503)."""
+    if exc.status in (400, 403, 422):
+        return WriteRefused(f"Kubernetes API refused to {what}: {exc}")
+    return BackendUnavailable(f"Kubernetes API: {what}: {exc}")
 
 
 def _pod_key(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -516,10 +538,10 @@ class KubernetesCluster:
         `status` writes to the status subresource (conditions). Returns the node as written, or None
         when nothing was written.
         """
-        self._ensure_leader(what)
         if current is None and self.nodes.synced:
             current = self.nodes.get(name)
         for attempt in range(1, self.settings.conflict_attempts + 1):
+            self._ensure_leader(what)  # also before a retry: a conflict may mean another leader wrote
             if attempt > 1 or current is None:
                 current = await self._read_node_object(name)
             if current is None:
@@ -539,7 +561,7 @@ class KubernetesCluster:
                     continue
                 if exc.status == 404:
                     return None
-                raise BackendUnavailable(f"Kubernetes API: {what} {name}: {exc}") from exc
+                raise _refused_or_unavailable(f"{what} {name}", exc) from exc
             return written
         raise BackendUnavailable(f"Kubernetes API: {what} {name}: still conflicting")  # pragma: no cover
 
@@ -559,7 +581,7 @@ class KubernetesCluster:
                 await self._patch_node(name, {"metadata": {"annotations": dict(annotations)}})
             except ApiError as exc:
                 if exc.status != 404:
-                    raise BackendUnavailable(f"Kubernetes API: {what} {name}: {exc}") from exc
+                    raise _refused_or_unavailable(f"{what} {name}", exc) from exc
             return
 
         def change(obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -1379,7 +1401,7 @@ class KubernetesCluster:
         self, node: str, outcome: DrainOutcome, *, status: str | None, record: RecordChange | None = None
     ) -> None:
         if status is not None:
-            blocked = ",".join(f"{b.namespace}/{b.name}" for b in outcome.blocked)
+            blocked = blocked_annotation(outcome.blocked)
             await self._annotate(
                 node,
                 "record drain result",

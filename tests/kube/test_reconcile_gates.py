@@ -201,12 +201,12 @@ async def test_nodes_cordoned_by_someone_else_or_not_ready_count_against_the_bud
         await close(eng)
     # Nodes are decided in parallel: one of the two takes the last slot (whichever reaches the
     # budget first), the other is deferred by it.
-    decided = sorted((o[2], o[3]) for o in outcomes(eng))
-    assert decided == [("deferred", "budget"), ("done", None)]
+    decided = sorted((o[2], o[3] or "") for o in outcomes(eng))
+    assert decided == [("deferred", "budget"), ("done", "")]
     assert {o[0] for o in outcomes(eng)} == {"gpu-1", "gpu-3"}
     reason = next(r.reason for r in eng.log.records() if r.outcome == "deferred")
     assert "gpu-5 unschedulable" in reason
     assert "gpu-6 NotReady" in reason
     assert "cpu-3" not in reason
-    [acted] = [o[0] for o in outcomes(eng) if o[3] is None]
+    [acted] = [o[0] or "" for o in outcomes(eng) if o[3] is None]
     assert cordoned(plane) == sorted(["cpu-3", acted, "gpu-5"])

@@ -49,6 +49,21 @@ async def test_bad_input_gets_a_400_naming_the_field_and_changes_nothing(
         b'{"alerts": [], "truncatedAlerts": "x"}': "truncatedAlerts",
         b'{"version": "5", "alerts": []}': 'version: expected "4"',
         b'{"alerts": [{"labels": {"node": "n"}}]}': "alerts[0].startsAt: required field is missing",
+        # What would make a node write fail (422) later: said at the door, nothing done.
+        (
+            b'{"alerts": [{"labels": {"alertname": "'
+            + b"A" * 129
+            + b'", "node": "n"}, "startsAt": "2026-11-28T10:00:00Z", "fingerprint": "f1"}]}'
+        ): "alerts[0].labels.alertname: 129 characters, at most 128",
+        (
+            b'{"alerts": [{"labels": {"node": "n"}, "startsAt": "2026-11-28T10:00:00Z", "fingerprint": "'
+            + b"f" * 65
+            + b'"}]}'
+        ): "alerts[0].fingerprint: expected 1 to 64 letters",
+        (
+            b'{"alerts": [{"labels": {"node": "n"}, "startsAt": "2026-11-28T10:00:00Z", '
+            b'"fingerprint": "a\\"b"}]}'
+        ): "alerts[0].fingerprint",
     }
     for body, message in cases.items():
         resp = await client.post("/alerts", data=body, headers=AUTH)

@@ -21,16 +21,20 @@ from kubernetes.aio import client as k8s
 from remediator.app import create_app
 from remediator.cluster import (
     BackendUnavailable,
+    BlockedPod,
     DrainSettings,
     EvictionResult,
     NodeCondition,
     NotLeader,
     Taint,
+    WriteRefused,
 )
 from remediator.engine import Engine, EngineSettings
 from remediator.executors.kubernetes import (
+    BLOCKED_SHOWN,
     KubernetesCluster,
     KubernetesSettings,
+    blocked_annotation,
     manages_unschedulable,
     trim_node,
 )
@@ -523,3 +527,73 @@ def test_the_node_cache_keeps_what_the_remediator_reads_and_not_a_nodes_image_li
         kept, "accel-health-remediator"
     )
     assert "images" in obj["status"]  # the object read is not changed
+
+
+# -- writes the API refuses for good, leadership lost between two attempts, bounded annotations --
+
+
+async def test_a_write_the_api_refuses_as_invalid_is_a_failure_not_an_outage_retried_for_ever(
+    fake: tuple[FakeApiServer, KubernetesCluster],
+) -> None:
+    api, cluster = fake
+    api.add(node("gpu-1"))
+    api["patch", api.resource("v1/nodes")] << (
+        lambda: (_ for _ in ()).throw(status_error(422, "Invalid", "metadata.annotations: Too long"))
+    )
+    with pytest.raises(WriteRefused, match="422"):
+        await cluster.cordon("gpu-1")
+    assert len([r for r in api if str(r.method.value) == "PATCH"]) == 1  # asked once, not retried
+
+
+async def test_through_the_engine_a_refused_write_is_recorded_failed_and_answered_200(
+    aiohttp_client: AiohttpClient,
+) -> None:
+    async with serve() as (api, url):
+        api.add(node("gpu-node-1"))
+        api["patch", api.resource("v1/nodes")] << (
+            lambda: (_ for _ in ()).throw(status_error(422, "Invalid", "metadata.annotations: Too long"))
+        )
+        cluster = connect(url)
+        engine = Engine(
+            policy=load_policy(),
+            cluster=cluster,
+            aws=RecordingAws(),
+            settings=EngineSettings(),
+            clock=time.time,
+        )
+        client = await aiohttp_client(create_app(engine=engine, token=TOKEN))
+        try:
+            response = await client.post("/alerts", json=payload("gpu-fatal-xid"), headers=AUTH)
+            assert response.status == 200  # a 503 would have Alertmanager resend it for ever
+            failed = [r for r in engine.log.records() if r.outcome == "failed"]
+            assert failed
+            assert "refused" in failed[0].reason
+        finally:
+            await cluster.close()
+
+
+async def test_a_replica_that_lost_the_lease_during_a_conflict_does_not_write_again() -> None:
+    leading = {"now": True}
+    async with serve() as (api, url):
+        api.add(node("gpu-1"))
+
+        def conflict_and_lose_the_lease(_request: Any) -> None:
+            leading["now"] = False  # another replica took over and wrote: that is the conflict
+            raise status_error(409, "Conflict", "the object has been modified")
+
+        api["patch", api.resource("v1/nodes")][:1] << conflict_and_lose_the_lease
+        cluster = connect(url, should_act=lambda: leading["now"])
+        try:
+            with pytest.raises(NotLeader):
+                await cluster.cordon("gpu-1")
+        finally:
+            await cluster.close()
+    assert len([r for r in api if str(r.method.value) == "PATCH"]) == 1
+
+
+def test_drain_blocked_names_at_most_twenty_pods_and_counts_the_rest() -> None:
+    blocked = [BlockedPod("ml", f"p{i}", "PDB") for i in range(BLOCKED_SHOWN + 5)]
+    text = blocked_annotation(blocked)
+    assert text.count(",") == BLOCKED_SHOWN
+    assert text.endswith(",+5 more")
+    assert blocked_annotation(blocked[:2]) == "ml/p0,ml/p1"
