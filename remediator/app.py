@@ -28,6 +28,8 @@ from remediator.alertmanager import AlertmanagerPoller
 from remediator.cluster import BackendUnavailable
 from remediator.engine import Engine
 from remediator.holds import as_json, held_nodes
+from remediator.lifecycle.status import as_json as status_json
+from remediator.lifecycle.status import node_statuses
 from remediator.metrics import RemediatorMetrics
 from remediator.payload import PayloadError, parse_body
 
@@ -167,7 +169,9 @@ async def show_state(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     await engine.refresh()  # the nodes as they are now: a human's uncordon shows at once
     body = engine.status().as_json()
-    body["holds"] = as_json(held_nodes(await engine.view.all(), engine.policy))
+    nodes = await engine.view.all()
+    body["holds"] = as_json(held_nodes(nodes, engine.policy))
+    body["nodes"] = status_json(node_statuses(nodes, engine.policy, deferred=engine.deferred_by_node()))
     body["dry_run"] = engine.settings.dry_run
     body["pending"] = [p.as_json() for p in engine.pending.values()]
     return web.json_response(body)

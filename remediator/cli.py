@@ -1,5 +1,6 @@
-"""`accel-health-remediator [serve] ...`, `accel-health-remediator explain ...`,
-`accel-health-remediator holds ...` and `accel-health-remediator evidence NODE ...`."""
+"""`accel-health-remediator [serve] ...` (the service), and the operator's commands it also answers
+(`accel-health` is their home: remediator/fleet_cli.py): `status`, `explain`, `holds` (the nodes held,
+what `status` grew from), `evidence NODE`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+import aiohttp
 from aiohttp import web
 from kubernetes.aio import client as k8s
 
@@ -44,6 +46,9 @@ from remediator.executors.snapshot import AwsOff, RecordingAws, SnapshotCluster,
 from remediator.holds import as_json as holds_json
 from remediator.holds import as_text as holds_text
 from remediator.holds import held_nodes
+from remediator.lifecycle.status import as_json as status_json
+from remediator.lifecycle.status import as_text as status_text
+from remediator.lifecycle.status import node_statuses
 from remediator.payload import PayloadError, parse_body
 from remediator.policy import Policy, PolicyError, load_policy
 from remediator.repair import ExporterChecks, exporter_pod_endpoint, url_template_endpoint
@@ -309,9 +314,70 @@ def holds(argv: Sequence[str], *, out: TextIO) -> int:
     return 0
 
 
-def _explain_parser() -> argparse.ArgumentParser:
+def _status_parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="accel-health-remediator explain",
+        prog=prog,
+        description="Where each node is in its remediation, from the nodes alone (their records): its "
+        "phase and since when, its alerts, the next step and what it waits on. With --remediator, what "
+        "only the running remediator knows (an action deferred by the budget, the storm breaker or the "
+        "pause) is added.",
+    )
+    parser.add_argument("--config", type=Path, help="policy YAML (default: the shipped default policy)")
+    parser.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: as client-go finds one)")
+    parser.add_argument("--context", help="kubeconfig context (default: the current one)")
+    parser.add_argument("--cluster-snapshot", type=Path, help="read the nodes from this snapshot instead")
+    parser.add_argument(
+        "--remediator",
+        metavar="URL",
+        help="the remediator's base URL (e.g. a port-forward, http://127.0.0.1:9836): its deferred actions",
+    )
+    parser.add_argument("--token-file", type=Path, help="the remediator's bearer token (with --remediator)")
+    parser.add_argument("--json", action="store_true", help="JSON, one key per node")
+    return parser
+
+
+async def _deferred_from(url: str, token_file: Path | None) -> dict[str, str]:
+    """node -> why its next step waits, from a running remediator's GET /state."""
+    headers = {"Authorization": f"Bearer {_read_token(token_file)}"} if token_file is not None else {}
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+            session.get(url.rstrip("/") + "/state", headers=headers) as response,
+        ):
+            if response.status != 200:
+                raise UsageError(f"{url}/state answered {response.status}: {(await response.text())[:200]}")
+            state = await response.json()
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise UsageError(f"cannot read {url}/state: {exc}") from exc
+    out: dict[str, str] = {}
+    for pending in state.get("pending", []) if isinstance(state, dict) else []:
+        node = pending.get("node") if isinstance(pending, dict) else None
+        if isinstance(node, str) and node not in out:
+            out[node] = f"gate {pending.get('gate')}: {pending.get('reason')}"
+    return out
+
+
+def status(argv: Sequence[str], *, out: TextIO, prog: str = "accel-health status") -> int:
+    """Print where each node is in its remediation (see `_status_parser`)."""
+    args = _status_parser(prog).parse_args(argv)
+    policy = _load_policy(args.config)
+    if args.cluster_snapshot is not None:
+        _, snapshot = _load(args.config, args.cluster_snapshot)
+        nodes = list(snapshot.nodes.values())
+    else:
+        nodes = asyncio.run(_read_nodes(args))
+    deferred = asyncio.run(_deferred_from(args.remediator, args.token_file)) if args.remediator else {}
+    statuses = node_statuses(nodes, policy, deferred=deferred)
+    if args.json:
+        print(json.dumps(status_json(statuses), indent=2, sort_keys=True), file=out)
+    else:
+        print(status_text(statuses), end="", file=out)
+    return 0
+
+
+def _explain_parser(prog: str = "accel-health-remediator explain") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
         description="Print what the remediator would do with a webhook payload against a cluster snapshot.",
     )
     _common(parser)
@@ -689,8 +755,8 @@ def _format_plan(plans: Sequence[AlertPlan], out: TextIO) -> None:
         print(file=out)
 
 
-def explain(argv: Sequence[str], *, out: TextIO) -> int:
-    args = _explain_parser().parse_args(argv)
+def explain(argv: Sequence[str], *, out: TextIO, prog: str = "accel-health-remediator explain") -> int:
+    args = _explain_parser(prog).parse_args(argv)
     _configure_logging("warning" if args.log_level == "info" else args.log_level)
     policy, cluster = _load(args.config, args.cluster_snapshot)
     try:
@@ -735,6 +801,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return explain(args[1:], out=sys.stdout)
         if args and args[0] == "holds":
             return holds(args[1:], out=sys.stdout)
+        if args and args[0] == "status":
+            return status(args[1:], out=sys.stdout, prog="accel-health-remediator status")
         if args and args[0] == "evidence":
             return evidence_cli.main(args[1:], out=sys.stdout, prog="accel-health-remediator evidence")
         if args and args[0] == "serve":

@@ -96,6 +96,15 @@ class _GateCollector(Collector):
         for api, count in sorted(st.api_unavailable.items()):
             missing.add_metric([api], count)
         yield missing
+        phases = GaugeMetricFamily(
+            "accel_remediator_nodes_in_phase",
+            "Nodes in each phase of their remediation (held, evidence, draining, repair, verifying, "
+            "escalated, released), from the nodes' own records; a returned node is in none.",
+            labels=["phase"],
+        )
+        for phase, count in sorted(st.phases.items()):
+            phases.add_metric([phase], count)
+        yield phases
         yield GaugeMetricFamily(
             "accel_remediator_drains_in_progress",
             "Drains running now in the background; each alert's later actions are decided when its ends.",

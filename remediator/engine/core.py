@@ -28,6 +28,7 @@ from remediator.evidence.fetch import EvidenceFetcher
 from remediator.evidence.store import EvidenceStore
 from remediator.lifecycle.node import NodeLifecycle
 from remediator.lifecycle.queue import NodeQueue
+from remediator.lifecycle.status import phase_counts
 from remediator.payload import Alert, WebhookPayload
 from remediator.policy import Policy, Selection
 from remediator.record import CORDONED_BY, DRAIN_STATUS, EPISODES, TAINTS_ADDED, Episode, starts_at_text
@@ -149,6 +150,7 @@ class Engine:
         """One read of Alertmanager's API, made by a new leader before it is ready (the service sets it)."""
         self._synced = False
         self._latch_dirty = False
+        self._phase_memo: dict[str, tuple[Node, str]] = {}
         self.rebuilds = 0
         """How often the view was rebuilt from the nodes (a metric for tests)."""
 
@@ -520,6 +522,23 @@ class Engine:
             self._breaker(self.gates.breaker.evaluate(alerting=self._alerting_nodes()))
             await self._save_latches()
 
+    def _phases(self) -> dict[str, int]:
+        """Phase -> nodes in it, from the nodes the backend observes now (no request); the counts are
+        cached per node object, so a scrape parses only the records that changed."""
+        nodes = self._cluster.observed_nodes()
+        if nodes is None:
+            return {}
+        return phase_counts(nodes, self.policy, memo=self._phase_memo)
+
+    def deferred_by_node(self) -> dict[str, str]:
+        """node -> why its next step waits, for the actions deferred now (the gate and its reason)."""
+        out: dict[str, str] = {}
+        for pending in self.pending.values():
+            record = pending.record
+            if record.node and record.node not in out:
+                out[record.node] = f"gate {record.gate}: {record.reason}"
+        return out
+
     def status(self) -> GateStatus:
         """The gates now (evaluates the breaker on the clock, so a scrape sees it close)."""
         gates = self.gates
@@ -549,6 +568,7 @@ class Engine:
             rate_limits=gates.rate.usage(),
             deferred=deferred,
             drains={name: running.as_json() for name, running in self.drains.running.items()},
+            phases=self._phases(),
             # Only the Kubernetes executor has optional APIs; the Cluster seam does not require it.
             api_unavailable=dict(getattr(self._cluster, "api_unavailable", {})),
         )

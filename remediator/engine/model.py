@@ -116,6 +116,8 @@ class GateStatus:
     """Node -> fingerprint -> the alert firing now (the desired state)."""
     rule_budgets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Rule -> its own budget in use now (selector, limits, nodes covered, in use, capacity)."""
+    phases: Mapping[str, int] = field(default_factory=dict)
+    """Lifecycle phase -> nodes in it now, from the observed nodes (remediator/lifecycle/status.py)."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -140,6 +142,7 @@ class GateStatus:
             "deferred": dict(self.deferred),
             "drains": {k: dict(v) for k, v in self.drains.items()},
             "api_unavailable": dict(self.api_unavailable),
+            "phases": dict(self.phases),
         }
 
 

@@ -42,6 +42,7 @@ REMEDIATOR_METRICS = {
     "accel_remediator_actions_total",
     "accel_remediator_webhooks_total",
     "accel_remediator_nodes_disrupted",
+    "accel_remediator_nodes_in_phase",
 }
 SUBSTITUTIONS = {"$__rate_interval": "20s", "$__interval": "2s", "$__range": "60s"}
 """What Grafana would put there for the test's 1 s scrape interval and a one-minute view."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,6 +37,7 @@ from remediator.cluster import (
 )
 from remediator.engine import Engine, EngineSettings
 from remediator.executors.snapshot import AwsOff, RecordingAws, SnapshotCluster
+from remediator.lifecycle.phases import PHASES
 from remediator.payload import WebhookPayload, parse_payload
 from remediator.policy import parse_policy
 from remediator.record import (
@@ -496,3 +498,12 @@ async def test_a_dry_run_without_aws_says_it_would_skip_what_an_enforcing_run_sk
     assert results[False][0] == results[True][0] == "skipped"
     assert results[True][1] == "would skip: " + results[False][1]
     assert "AWS calls are off" in results[False][1]
+
+
+def test_the_readme_lifecycle_table_is_the_one_the_code_runs() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    for phase in PHASES:
+        row = (
+            f"| `{phase.name}` | {phase.meaning} | {phase.entered_by} | {phase.event} | {phase.leaves_when} |"
+        )
+        assert row in readme, f"README's lifecycle table lacks (or differs in) the row of {phase.name}"

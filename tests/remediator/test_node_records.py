@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
-from remediator import cli
+from remediator import cli, fleet_cli
 from remediator.alertmanager import AlertmanagerView, ShownAlert
 from remediator.app import create_app
 from remediator.cluster import BackendUnavailable, Node, Taint
@@ -333,6 +333,45 @@ async def test_the_nodes_held_are_listed_from_the_nodes_alone_by_the_command_and
     out = io.StringIO()
     assert cli.holds([*args, "--json"], out=out) == 0
     assert json.loads(out.getvalue()) == state["holds"]
+
+
+async def test_status_says_each_nodes_phase_since_alerts_next_step_and_what_it_waits_on(
+    aiohttp_client: AiohttpClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clock = FakeClock()
+    cluster = cluster_of(6)
+    policy = "safety: {max_disrupted_nodes: 1}\nrules: [{name: c, actions: [condition, cordon]}]"
+    engine = engine_over(cluster, policy, clock=clock)
+    await engine.handle(webhook(alert("n1")))
+    await engine.handle(webhook(alert("n2")))  # the budget of 1 is taken by n1: deferred
+    client = await aiohttp_client(create_app(engine=engine, token=TOKEN))
+    state = await (await client.get("/state", headers=AUTH)).json()
+    n1, n2 = state["nodes"]["n1"], state["nodes"]["n2"]
+    assert (n1["phase"], n1["since"], n1["alerts"]) == ("held", "2023-11-14T22:13:20Z", ["AccelGPUFatalXid"])
+    assert n1["next"] == "verification once repaired and its alerts resolved, then the return to the pool"
+    assert n1["waits_on"].startswith("a repair: a reboot, a new node or instance")
+    assert n2["phase"] == "held"  # its condition is set: out of the pool, the cordon deferred
+    assert n2["next"] == "cordon"
+    assert n2["waits_on"].startswith("gate budget: disruption budget exhausted")
+    assert state["phases"]["held"] == 2
+    metrics = await (await client.get("/metrics")).text()
+    assert 'accel_remediator_nodes_in_phase{phase="held"} 2.0' in metrics
+    assert 'accel_remediator_nodes_in_phase{phase="draining"} 0.0' in metrics
+    # The operator's command, from the nodes alone: the same phases, no gate (no remediator asked).
+    items = [_node_object(n) for n in cluster.nodes.values()]
+    snapshot = tmp_path / "nodes.yaml"
+    snapshot.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items}))
+    (tmp_path / "policy.yaml").write_text(policy)
+    args = ["status", "--cluster-snapshot", str(snapshot), "--config", str(tmp_path / "policy.yaml")]
+    assert fleet_cli.main(args) == 0
+    text = capsys.readouterr().out
+    assert "n1  held since 2023-11-14T22:13:20Z  [cordon]" in text
+    assert "n2  held since 2023-11-14T22:13:20Z  [nothing on the node now]" in text
+    assert "  next: cordon\n" in text
+    assert fleet_cli.main([*args, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["n2"]["waits_on"] == ""  # only a running remediator knows its deferrals
+    assert {k: v["phase"] for k, v in shown.items()} == {"n1": "held", "n2": "held"}
 
 
 def _node_object(node: Node) -> dict[str, Any]:
