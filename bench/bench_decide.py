@@ -19,9 +19,10 @@ import time
 from collections import Counter
 
 from remediator.cluster import LabelSelector, Node, OwnerReference, Pod, PodDisruptionBudget
-from remediator.engine import Engine, EngineSettings
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster
-from remediator.payload import parse_body
+from remediator.intake.payload import parse_body
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
 from remediator.policy import Policy, load_policy, parse_policy
 
 NODES = 1000

@@ -32,7 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the control-plane harness lives in tests/kube
 
 from remediator.cluster import Cluster, Node  # noqa: E402  after sys.path
-from remediator.engine import Engine, EngineSettings  # noqa: E402  after sys.path
 from remediator.evidence.fetch import ExporterEvidence  # noqa: E402  after sys.path
 from remediator.evidence.store import (  # noqa: E402  after sys.path
     ConfigMapEvidenceStore,
@@ -42,9 +41,11 @@ from remediator.evidence.store import (  # noqa: E402  after sys.path
 )
 from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings  # noqa: E402
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster  # noqa: E402  after sys.path
-from remediator.payload import parse_payload  # noqa: E402  after sys.path
+from remediator.intake.payload import parse_payload  # noqa: E402  after sys.path
+from remediator.lifecycle.engine import Engine  # noqa: E402  after sys.path
+from remediator.lifecycle.model import EngineSettings  # noqa: E402  after sys.path
+from remediator.lifecycle.repair import url_template_endpoint  # noqa: E402  after sys.path
 from remediator.policy import parse_policy  # noqa: E402  after sys.path
-from remediator.repair import url_template_endpoint  # noqa: E402  after sys.path
 from tests.kube.conftest import control_plane_skip_reason  # noqa: E402  after sys.path
 from tests.kube.controlplane import ControlPlane, apply_objects, control_plane  # noqa: E402
 from tests.remediator.evidence_server import TOKEN, EvidenceServer  # noqa: E402  after sys.path

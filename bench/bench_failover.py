@@ -97,7 +97,7 @@ sys.path.insert(0, str(ROOT))  # the control-plane harness lives in tests/kube
 from bench_reconcile_api import NS, node_name  # noqa: E402  same cluster layout
 
 from examples.pipeline import free_port  # noqa: E402  after sys.path
-from remediator.record import (  # noqa: E402  after sys.path
+from remediator.lifecycle.record import (  # noqa: E402  after sys.path
     CORDONED_BY,
     EPISODES,
     MANAGER,

@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))  # the control-plane harness lives in tests/kube
 from bench_reconcile_api import NODES, NS, AuditTail, node_name, populate  # noqa: E402  same harness
 
 from examples.pipeline import free_port  # noqa: E402  after sys.path
-from remediator.record import EPISODES, PREFIX, read  # noqa: E402  after sys.path
+from remediator.lifecycle.record import EPISODES, PREFIX, read  # noqa: E402  after sys.path
 from tests.kube.conftest import control_plane_skip_reason  # noqa: E402  after sys.path
 from tests.kube.controlplane import ControlPlane, control_plane, spawn, wait_for  # noqa: E402
 

@@ -58,15 +58,16 @@ from kubernetes.aio import client as k8s
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the control-plane harness lives in tests/kube
 
-from remediator.alertmanager import AlertmanagerView, ShownAlert  # noqa: E402  after sys.path
 from remediator.audit import DecisionRecord  # noqa: E402  after sys.path
 from remediator.cluster import Node  # noqa: E402  after sys.path
-from remediator.engine import AlertPlan, Engine, EngineSettings  # noqa: E402  after sys.path
+from remediator.desired.alertmanager import AlertmanagerView, ShownAlert  # noqa: E402  after sys.path
 from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings  # noqa: E402
 from remediator.executors.snapshot import RecordingAws  # noqa: E402  after sys.path
-from remediator.payload import parse_body  # noqa: E402  after sys.path
+from remediator.intake.payload import parse_body  # noqa: E402  after sys.path
+from remediator.lifecycle.engine import Engine  # noqa: E402  after sys.path
+from remediator.lifecycle.model import AlertPlan, EngineSettings  # noqa: E402  after sys.path
+from remediator.lifecycle.record import PREFIX  # noqa: E402  after sys.path
 from remediator.policy import Policy, load_policy, parse_policy  # noqa: E402  after sys.path
-from remediator.record import PREFIX  # noqa: E402  after sys.path
 from tests.kube.conftest import control_plane_skip_reason  # noqa: E402  after sys.path
 from tests.kube.controlplane import ControlPlane, control_plane, request_of  # noqa: E402
 from tests.kube.kubelet import FakeKubelet  # noqa: E402  after sys.path

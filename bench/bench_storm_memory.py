@@ -57,12 +57,13 @@ sys.path.insert(0, str(ROOT))  # the control-plane harness lives in tests/kube
 
 from bench_reconcile_api import NODES, connection, node_name, populate, record_bytes  # noqa: E402  same harness
 
-from remediator.alertmanager import AlertmanagerView, ShownAlert  # noqa: E402  after sys.path
 from remediator.cluster import BackendUnavailable, Cluster, Node  # noqa: E402  after sys.path
-from remediator.engine import Engine, EngineSettings  # noqa: E402  after sys.path
+from remediator.desired.alertmanager import AlertmanagerView, ShownAlert  # noqa: E402  after sys.path
 from remediator.executors.kubernetes import KubernetesCluster  # noqa: E402  after sys.path
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster  # noqa: E402  after sys.path
-from remediator.payload import parse_body  # noqa: E402  after sys.path
+from remediator.intake.payload import parse_body  # noqa: E402  after sys.path
+from remediator.lifecycle.engine import Engine  # noqa: E402  after sys.path
+from remediator.lifecycle.model import EngineSettings  # noqa: E402  after sys.path
 from remediator.policy import parse_policy  # noqa: E402  after sys.path
 from tests.kube.conftest import control_plane_skip_reason  # noqa: E402  after sys.path
 from tests.kube.controlplane import ControlPlane, control_plane  # noqa: E402  after sys.path

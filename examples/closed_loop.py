@@ -7,7 +7,7 @@ the engine takes the alert Alertmanager delivered in the first part of the demo;
 fetches the node's evidence from the exporter's own `GET /evidence` handler over HTTP (the Xid 79
 line, read by the exporter's kernel-log parser from gpu-node-1's kernel log, and the GPUs' serials and
 UUIDs) and stores it in memory (a cluster keeps it in an immutable ConfigMap or S3); the repair loop
-(remediator/repair.py) records the quarantine, the demo plays the machine and reboots it (a new boot
+(remediator/lifecycle/repair.py) records the quarantine, the demo plays the machine and reboots it (a new boot
 id; the exporter's since-boot counter restarts at zero, so the alert resolves), and the loop runs the
 default checks (`remapped`, `power`) through the exporter's `GET /checks` handler. There is no GPU
 here: NVML is an NVML stand-in holding an 8-GPU H100 snapshot (tests/exporter/fake_nvml.py), read
@@ -40,15 +40,16 @@ from exporter.readers.kmsg import KmsgTally
 from exporter.readers.nvml import PynvmlReader
 from exporter.sources import build_registry
 from remediator.audit import DecisionRecord
-from remediator.engine import Engine, EngineSettings
 from remediator.evidence.bundle import rfc3339_ms
 from remediator.evidence.fetch import ExporterEvidence
 from remediator.evidence.report import render
 from remediator.evidence.store import MemoryEvidenceStore, latest
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster
-from remediator.payload import parse_payload
+from remediator.intake.payload import parse_payload
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
+from remediator.lifecycle.repair import ExporterChecks, RepairLoop, url_template_endpoint
 from remediator.policy import load_policy
-from remediator.repair import ExporterChecks, RepairLoop, url_template_endpoint
 from tests.exporter.fake_nvml import FakeNvml  # the NVML stand-in: there is no GPU here
 
 SNAPSHOT_NODE = "gpu-node-1"

@@ -20,16 +20,14 @@ import aiohttp
 from aiohttp import web
 from kubernetes.aio import client as k8s
 
-from remediator import leader, repairservice
-from remediator.alertmanager import (
+from remediator import leader
+from remediator.cluster import Aws, BackendUnavailable, Cluster, Node
+from remediator.desired.alertmanager import (
     DEFAULT_INTERVAL_SECONDS,
     AlertmanagerClient,
     AlertmanagerPoller,
     AlertmanagerSettings,
 )
-from remediator.app import ENGINE, MAX_BODY_BYTES, create_app
-from remediator.cluster import Aws, BackendUnavailable, Cluster, Node
-from remediator.engine import AlertPlan, Engine, EngineSettings
 from remediator.evidence import cli as evidence_cli
 from remediator.evidence.fetch import ExporterEvidence
 from remediator.evidence.store import (
@@ -43,15 +41,19 @@ from remediator.evidence.store import (
 from remediator.executors import kubernetes as executors_kubernetes
 from remediator.executors.kubernetes import TLS_CLOSE_GRACE_SECONDS, KubernetesCluster, KubernetesSettings
 from remediator.executors.snapshot import AwsOff, RecordingAws, SnapshotCluster, SnapshotError
-from remediator.holds import as_json as holds_json
-from remediator.holds import as_text as holds_text
-from remediator.holds import held_nodes
+from remediator.intake.app import ENGINE, MAX_BODY_BYTES, create_app
+from remediator.intake.payload import PayloadError, parse_body
+from remediator.lifecycle import repairservice
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.holds import as_json as holds_json
+from remediator.lifecycle.holds import as_text as holds_text
+from remediator.lifecycle.holds import held_nodes
+from remediator.lifecycle.model import AlertPlan, EngineSettings
+from remediator.lifecycle.repair import ExporterChecks, exporter_pod_endpoint, url_template_endpoint
 from remediator.lifecycle.status import as_json as status_json
 from remediator.lifecycle.status import as_text as status_text
 from remediator.lifecycle.status import node_statuses
-from remediator.payload import PayloadError, parse_body
 from remediator.policy import Policy, PolicyError, load_policy
-from remediator.repair import ExporterChecks, exporter_pod_endpoint, url_template_endpoint
 
 DEFAULT_LISTEN = "0.0.0.0:9836"
 DEFAULT_EVIDENCE_PREFIX = "accel-health/evidence"

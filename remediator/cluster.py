@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from remediator.record import RecordChange
+from remediator.lifecycle.record import RecordChange
 
 
 class BackendUnavailable(RuntimeError):
@@ -415,9 +415,9 @@ class Cluster(Protocol):
         ...
 
     async def load_quarantines(self) -> Mapping[str, Mapping[str, Any]]:
-        """Node name -> the durable copy of its quarantine (remediator/repair.py), kept apart from the
-        Node object so that a node deleted and created again under the same name is still known
-        as quarantined. Every copy this service saved and has not deleted."""
+        """Node name -> the durable copy of its quarantine (remediator/lifecycle/repair.py), kept apart
+        from the Node object so that a node deleted and created again under the same name is still
+        known as quarantined. Every copy this service saved and has not deleted."""
         ...
 
     async def save_quarantine(self, node: str, document: Mapping[str, Any]) -> None:
@@ -429,7 +429,7 @@ class Cluster(Protocol):
         """Forget the durable copy of the node's quarantine (no-op when there is none)."""
         ...
 
-    # Every write below takes `record`: a change to the node's record (remediator/record.py) made in
+    # Every write below takes `record`: a change to the node's record (remediator/lifecycle/record.py) made in
     # the same request as the write, computed from the node as it is just before the write.
 
     async def cordon(self, node: str, *, record: RecordChange | None = None) -> bool:
@@ -468,7 +468,8 @@ class Cluster(Protocol):
     async def annotate_node(
         self, node: str, annotations: Mapping[str, str | None], *, record: RecordChange | None = None
     ) -> None:
-        """Set (None: remove) this service's annotations on the node (remediator/repair.py's record)."""
+        """Set (None: remove) this service's annotations on the node (the repair loop's record,
+        remediator/lifecycle/repair.py)."""
         ...
 
     async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None:
@@ -524,7 +525,7 @@ class Cluster(Protocol):
         ...
 
     async def load_gates(self) -> Mapping[str, Any] | None:
-        """The gates document last saved (remediator/state.py: pause switch, breaker latch), or None."""
+        """The gates document last saved (remediator/gates/state.py: pause switch, breaker latch), or None."""
         ...
 
     async def save_gates(self, document: Mapping[str, Any]) -> None:

@@ -12,10 +12,10 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from remediator.alertmanager import PollCounters
+from remediator.actuators.evidence import CAPTURE_OUTCOMES
 from remediator.audit import DecisionRecord
-from remediator.engine import GateStatus
-from remediator.engine.evidence import CAPTURE_OUTCOMES
+from remediator.desired.alertmanager import PollCounters
+from remediator.lifecycle.model import GateStatus
 
 DEFERRING_GATES = ("pause", "breaker", "order", "rate_limit", "budget", "unavailable")
 

@@ -25,7 +25,7 @@ Matchers follow Alertmanager: `=`, `!=`, `=~`, `!~`; regexes are anchored; a mis
 matchExpressions with In, NotIn, Exists, DoesNotExist) applies only when the alert's node, as the
 service observes it, carries matching labels; a node it cannot see matches no such rule. So one
 cluster can drain one pool and only taint another. A rule's own `max_disrupted_nodes` and
-`max_disrupted_percent` count the nodes its selector covers (remediator/safety.py ScopedBudgets),
+`max_disrupted_percent` count the nodes its selector covers (remediator/gates/safety.py ScopedBudgets),
 on top of the `safety:` budget. Validation collects every problem and raises one PolicyError naming
 file, rule and field, so an invalid policy never half-loads.
 """
@@ -42,8 +42,8 @@ from typing import Any, ClassVar, Literal
 import yaml
 
 from remediator.cluster import LabelSelector, Node, label_selector_from_object
+from remediator.gates.safety import BudgetLimits, RateLimit, SafetySettings, StormSettings
 from remediator.repairpolicy import RepairSettings, parse_checks, parse_repair
-from remediator.safety import BudgetLimits, RateLimit, SafetySettings, StormSettings
 
 DEFAULT_POLICY_NAME = "default_policy.yaml"
 EventsMode = Literal["all", "failures", "none"]
@@ -333,7 +333,7 @@ class Policy:
     source: str = "<string>"
     """Where it was loaded from."""
     repair: RepairSettings = field(default_factory=RepairSettings)
-    """The closed loop back to the pool (remediator/repair.py)."""
+    """The closed loop back to the pool (remediator/lifecycle/repair.py)."""
 
     def first_match(self, labels: Mapping[str, str]) -> Rule | None:
         """The first rule whose matchers match, node selectors left aside (see `select`)."""

@@ -1,6 +1,6 @@
 """The node-pool examples (examples/node-pools/) register nodes with the repair loop's startup taint.
 
-Each example names exactly the taint the loop lifts (`remediator.repair.STARTUP_TAINT`: key, value
+Each example names exactly the taint the loop lifts (`remediator.lifecycle.repair.STARTUP_TAINT`: key, value
 and effect), in its own syntax: a Karpenter NodePool's `startupTaints`, an eksctl managed node
 group's `taints`, the kubelet's `--register-with-taints` in a nodeadm NodeConfig; and the README's
 node-pool section points at each of them. That the loop lifts it from a node that registered with
@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from remediator.repair import STARTUP_TAINT
+from remediator.lifecycle.repair import STARTUP_TAINT
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "node-pools"

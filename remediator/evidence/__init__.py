@@ -22,5 +22,5 @@ The parts, each handed its collaborators:
 - `report`: the text report `accel-health evidence NODE` prints;
 - `cli`: that command.
 
-The engine's step itself is remediator/engine/evidence.py.
+The engine's step itself is remediator/actuators/evidence.py.
 """

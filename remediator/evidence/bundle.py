@@ -26,8 +26,8 @@ from typing import Any
 
 from remediator.audit import DecisionRecord
 from remediator.cluster import Node
-from remediator.desired import Cause
-from remediator.payload import Alert
+from remediator.desired.firing import Cause
+from remediator.intake.payload import Alert
 
 SCHEMA = "accel-health.io/evidence-capture/v1"
 """The schema of a stored capture."""

@@ -1,5 +1,5 @@
 """The node's evidence from its exporter: `GET /evidence` with the checks token (the same token and the
-same pod-IP discovery as the repair loop's `GET /checks`, remediator/repair.py)."""
+same pod-IP discovery as the repair loop's `GET /checks`, remediator/lifecycle/repair.py)."""
 
 from __future__ import annotations
 

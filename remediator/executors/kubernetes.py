@@ -13,7 +13,7 @@ Every write is made so that it can be retried and never clobbers somebody else's
 - node conditions go to the status subresource as strategic merge patches (conditions merge by
   type, so the kubelet's own conditions are untouched); Events go to core/v1 with involvedObject
   kind Node, the way the kubelet writes them, so `kubectl describe node` lists them;
-- drains follow `kubectl drain` (planning in remediator.drain) with policy/v1 Evictions, bounded
+- drains follow `kubectl drain` (planning in remediator.actuators.drainplan) with policy/v1 Evictions, bounded
   concurrency, 429s retried with backoff until the deadline, and a wait until every evicted pod is
   gone or replaced; progress is kept in annotations, so a restarted (or newly elected) remediator
   resumes a half-done drain with the original deadline.
@@ -50,6 +50,7 @@ from kubernetes.aio import client as k8s
 from kubernetes.aio import config as k8s_config
 from kubernetes.aio.config import incluster_config as k8s_incluster
 
+from remediator.actuators.drainplan import DrainPlan, plan_drain
 from remediator.cluster import (
     BackendUnavailable,
     BlockedPod,
@@ -71,9 +72,9 @@ from remediator.cluster import (
     pdb_from_object,
     pod_from_object,
 )
-from remediator.drain import DrainPlan, plan_drain
 from remediator.executors.watchcache import SharedWatch, WatchCache, namespaced_key
-from remediator.record import (
+from remediator.gates.state import StateError
+from remediator.lifecycle.record import (
     CORDONED_AT,
     CORDONED_BY,
     DRAIN_BLOCKED,
@@ -90,7 +91,6 @@ from remediator.record import (
     rfc3339,
     taint_id,
 )
-from remediator.state import StateError
 
 logger = logging.getLogger("remediator.kubernetes")
 
@@ -133,7 +133,8 @@ DAEMONSET_API = "apps/v1 daemonsets"
 STATE_KEY = "state.json"
 """The data key of the document an older release kept all its gate state in (migrated, then deleted)."""
 GATES_KEY = "gates.json"
-"""The gates ConfigMap's data key: the pause switch and the storm breaker's latch (remediator/state.py)."""
+"""The gates ConfigMap's data key: the pause switch and the storm breaker's latch
+(remediator/gates/state.py)."""
 
 PRIMED_LIST_SECONDS = 5.0
 """How long a LIST made for a plan may seed the watch of a drain that starts after it (the engine
@@ -1412,7 +1413,7 @@ class KubernetesCluster:
         # `events` setting says.
         logger.info("%s: %s", node, outcome.summary())
 
-    # -- durable quarantine copies and the startup taint (remediator/repair.py) ----------------
+    # -- durable quarantine copies and the startup taint (remediator/lifecycle/repair.py) ----------------
     #
     # A quarantine must outlive the Node object (a machine replaced under the same name is a new
     # object, without the old one's annotations): one small ConfigMap per quarantined node in the

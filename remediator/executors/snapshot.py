@@ -4,12 +4,12 @@ Mutations change only the in-memory copy (the file is never written), and every 
 listed in `mutations` (saves of the gates document are counted in `gates_saves`, saves and deletes
 of the durable quarantine copies listed in `quarantine_writes`), so tests can assert that a dry run
 made none. Writes keep what the Kubernetes executor keeps on a node: the ownership annotations
-(`cordoned-by`, `taints-added`) and the node's record (remediator/record.py), in the same in-memory
+(`cordoned-by`, `taints-added`) and the node's record (remediator/lifecycle/record.py), in the same in-memory
 change, so a second engine over the same backend derives exactly what it would derive from a real
 cluster. The gates document is kept in memory as JSON text. `RecordingAws` is the matching AWS seam:
 it records calls and calls nothing.
 
-`drain` plans with remediator.drain like the Kubernetes executor and answers with the same
+`drain` plans with remediator.actuators.drainplan like the Kubernetes executor and answers with the same
 `DrainOutcome`: pods that need permission refuse the drain before any eviction; the others are
 evicted at once (an in-memory pod is gone when evicted). A pod whose PodDisruptionBudget refuses
 stays and is reported as blocking with the reason; since nothing here ever changes a budget by
@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from remediator.actuators.drainplan import plan_drain
 from remediator.cluster import (
     BackendUnavailable,
     BlockedPod,
@@ -46,8 +47,7 @@ from remediator.cluster import (
     pdb_from_object,
     pod_from_object,
 )
-from remediator.drain import plan_drain
-from remediator.record import (
+from remediator.lifecycle.record import (
     CORDONED_AT,
     CORDONED_BY,
     DRAIN_STATUS,

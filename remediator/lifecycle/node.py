@@ -26,17 +26,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from remediator.actuators.events import EventRecorder, NodeEvent
 from remediator.audit import DecisionRecord
 from remediator.cluster import Node
-from remediator.desired import FiringSet
-from remediator.engine.drains import DrainRunner
-from remediator.engine.events import EventRecorder, NodeEvent
-from remediator.engine.model import Observed
-from remediator.engine.pipeline import Decisions, Reconciler
-from remediator.engine.records import NodeView
-from remediator.payload import Alert
-from remediator.policy import Drain, Policy
-from remediator.record import (
+from remediator.desired.firing import FiringSet
+from remediator.intake.payload import Alert
+from remediator.lifecycle.drains import DrainRunner
+from remediator.lifecycle.model import Observed
+from remediator.lifecycle.record import (
     CORDONED_AT,
     CORDONED_BY,
     DRAIN_STATUS,
@@ -47,6 +44,9 @@ from remediator.record import (
     starts_at_text,
     taint_id,
 )
+from remediator.lifecycle.steps import Decisions, Reconciler
+from remediator.lifecycle.view import NodeView
+from remediator.policy import Drain, Policy
 
 logger = logging.getLogger("remediator.lifecycle")
 

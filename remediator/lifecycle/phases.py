@@ -1,6 +1,6 @@
 """The phases of a node's remediation: from the first fault back to the pool, each written on the node
-(its record's `p`, remediator/record.py) by the same request that moves it, each transition told by an
-Event. Pure: no I/O.
+(its record's `p`, remediator/lifecycle/record.py) by the same request that moves it, each
+transition told by an Event. Pure: no I/O.
 
     healthy ──fault──> held ──> evidence ──> draining ──> repair ──> verifying ──> returned (healthy)
                         │           │            │           │            │
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from remediator.record import PHASE_ORDER
+from remediator.lifecycle.record import PHASE_ORDER
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 alert episodes recorded on it, what of this service's is on it, the next step and what that step
 waits on. What `accel-health status` prints and `GET /state` serves under `nodes`: the same answer
 whichever replica (or none) runs, because it is derived from the nodes' own records
-(remediator/record.py). What only a running remediator knows (an action deferred by the budget, the
+(remediator/lifecycle/record.py). What only a running remediator knows (an action deferred by the budget, the
 storm breaker or the pause) is added when its `GET /state` is at hand (`deferred`).
 """
 
@@ -16,8 +16,7 @@ from typing import Any
 
 from remediator.cluster import Node
 from remediator.lifecycle.phases import HEALTHY, NAMES
-from remediator.policy import Policy
-from remediator.record import (
+from remediator.lifecycle.record import (
     CORDONED_BY,
     DRAIN_BLOCKED,
     DRAIN_DEADLINE,
@@ -31,11 +30,13 @@ from remediator.record import (
     rfc3339,
     starts_at_text,
 )
+from remediator.policy import Policy
 
 REBOOTED = "accel-health.io/rebooted"
-"""remediator/repair.py's record of a reboot asked of EC2 (read here, not imported: this stays pure)."""
+"""remediator/lifecycle/repair.py's record of a reboot asked of EC2 (read here, not imported: this
+stays pure)."""
 REPAIR_FAILED = "accel-health.io/repair-failed"
-"""remediator/repair.py's record of a failed verification."""
+"""remediator/lifecycle/repair.py's record of a failed verification."""
 
 
 @dataclass(frozen=True)

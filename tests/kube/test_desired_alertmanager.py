@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from remediator.alertmanager import AlertmanagerClient, AlertmanagerPoller, AlertmanagerSettings
-from remediator.app import create_app
-from remediator.engine import Engine, EngineSettings
+from remediator.desired.alertmanager import AlertmanagerClient, AlertmanagerPoller, AlertmanagerSettings
 from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings
 from remediator.executors.snapshot import RecordingAws
-from remediator.payload import parse_payload
+from remediator.intake.app import create_app
+from remediator.intake.payload import parse_payload
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
 from remediator.policy import parse_policy
 from tests import alertmanager_process
 from tests.alertmanager_process import Alertmanager, ended, fired

@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 
 from remediator.cluster import DrainSettings
-from remediator.engine import Engine, EngineSettings
 from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings
 from remediator.executors.snapshot import RecordingAws
-from remediator.payload import parse_payload
+from remediator.intake.payload import parse_payload
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
 from remediator.policy import parse_policy
 from tests.kube.controlplane import ControlPlane, apply_objects, deployment, request_of, wait_for
 from tests.kube.kubelet import FakeKubelet, KubeletSettings

@@ -22,16 +22,17 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from kubernetes.aio import client as k8s
 
-from remediator.engine import Engine, EngineSettings
 from remediator.evidence import cli as evidence_cli
 from remediator.evidence.bundle import ANNOTATION
 from remediator.evidence.fetch import ExporterEvidence
 from remediator.evidence.store import DATA_KEY, EVIDENCE_LABEL, ConfigMapEvidenceStore, EvidenceRetention
 from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings
 from remediator.executors.snapshot import RecordingAws
-from remediator.payload import WebhookPayload, parse_payload
+from remediator.intake.payload import WebhookPayload, parse_payload
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
+from remediator.lifecycle.repair import url_template_endpoint
 from remediator.policy import parse_policy
-from remediator.repair import url_template_endpoint
 from tests.kube.controlplane import ControlPlane, apply_objects, shipped_remediator_account
 from tests.kube.kubelet import FakeKubelet, KubeletSettings
 from tests.kube.rest import ApiError

@@ -32,15 +32,16 @@ from typing import Any
 
 import pytest
 
-from remediator.alertmanager import AlertmanagerView
 from remediator.cluster import DrainSettings
-from remediator.engine import Engine, EngineSettings
+from remediator.desired.alertmanager import AlertmanagerView
 from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings
 from remediator.executors.snapshot import RecordingAws
-from remediator.payload import WebhookPayload, parse_payload
+from remediator.intake.payload import WebhookPayload, parse_payload
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
+from remediator.lifecycle.record import CORDONED_BY, DRAIN_STATUS, EPISODES, TAINTS_ADDED, read
+from remediator.lifecycle.repair import RepairLoop, Verification
 from remediator.policy import Policy, load_policy, parse_policy
-from remediator.record import CORDONED_BY, DRAIN_STATUS, EPISODES, TAINTS_ADDED, read
-from remediator.repair import RepairLoop, Verification
 from tests.kube.controlplane import (
     ADMIN_USER,
     ControlPlane,
@@ -153,7 +154,7 @@ def webhook(*alerts: dict[str, Any]) -> WebhookPayload:
     return parse_payload({"version": "4", "status": "firing", "alerts": list(alerts)})
 
 
-def annotations(plane: ControlPlane, node: str) -> dict[str, str]:
+def node_annotations(plane: ControlPlane, node: str) -> dict[str, str]:
     return dict(plane.admin.get(f"/api/v1/nodes/{node}")["metadata"].get("annotations") or {})
 
 
@@ -223,7 +224,7 @@ async def test_a_humans_uncordon_mid_drain_stops_the_evictions_and_frees_the_bud
     assert ("aws_set_unhealthy", "skipped") in decisions(engine, "gpu-1")
     assert not [c for c in aws.calls if "i-0000000000000001" in json.dumps(c)]  # gpu-1 never replaced
     assert "gpu-1" not in cordoned(plane)
-    marks = annotations(plane, "gpu-1")
+    marks = node_annotations(plane, "gpu-1")
     assert marks[DRAIN_STATUS] == "stopped"
     assert CORDONED_BY not in marks
     record = read(marks)
@@ -340,11 +341,11 @@ async def test_a_drain_a_dead_leader_left_whose_alert_resolved_is_ended_and_a_hu
         assert await first.start_cache(wait_seconds=20)
         await dead.start()
         await dead.handle(webhook(alert("gpu-4")))
-        assert annotations(plane, "gpu-4")[DRAIN_STATUS] == "in-progress"
+        assert node_annotations(plane, "gpu-4")[DRAIN_STATUS] == "in-progress"
     finally:
         await dead.stop()  # killed: what is on the node is all a next leader finds
         await first.close()
-    assert annotations(plane, "gpu-4")[DRAIN_STATUS] == "in-progress"
+    assert node_annotations(plane, "gpu-4")[DRAIN_STATUS] == "in-progress"
 
     second = cluster_for(plane, server=proxy, token=token)
     leader = engine_over(second, REPLACE)
@@ -357,7 +358,7 @@ async def test_a_drain_a_dead_leader_left_whose_alert_resolved_is_ended_and_a_hu
         assert await second.start_cache(wait_seconds=20)
         await leader.sync()
         await leader.queue.idle()
-        assert annotations(plane, "gpu-4")[DRAIN_STATUS] == "stopped"
+        assert node_annotations(plane, "gpu-4")[DRAIN_STATUS] == "stopped"
         assert leader.budget.in_use == 1  # still cordoned: held by that cordon until its repair
         plane.admin.merge_patch("/api/v1/nodes/gpu-4", {"spec": {"unschedulable": None}})
         await eventually(lambda: _true(leader.budget.in_use == 0))
@@ -400,5 +401,5 @@ async def test_a_drain_a_dead_leader_left_is_resumed_with_its_recorded_rule_with
         await leader.stop()
         await second.close()
     assert decisions(leader, "gpu-6") == [("drain", "started"), ("drain", "done")]
-    assert annotations(plane, "gpu-6")[DRAIN_STATUS] == "done"
-    assert read(annotations(plane, "gpu-6")).phase == "repair"
+    assert node_annotations(plane, "gpu-6")[DRAIN_STATUS] == "done"
+    assert read(node_annotations(plane, "gpu-6")).phase == "repair"

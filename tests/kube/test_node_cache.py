@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from remediator.engine import Engine, EngineSettings
 from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings
 from remediator.executors.snapshot import RecordingAws
-from remediator.payload import parse_payload
+from remediator.intake.payload import parse_payload
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
+from remediator.lifecycle.record import EPISODES
 from remediator.policy import parse_policy
-from remediator.record import EPISODES
 from tests.kube.controlplane import ControlPlane, eventually, request_of
 from tests.kube.kubelet import FakeKubelet, KubeletSettings
 

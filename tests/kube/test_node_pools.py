@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from remediator.engine import Engine, EngineSettings
 from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings
 from remediator.executors.snapshot import RecordingAws
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
 from remediator.policy import parse_policy
 from tests.kube.controlplane import ControlPlane, apply_objects, cordoned, deployment, eventually, wait_for
 from tests.kube.kubelet import FakeKubelet, KubeletSettings

@@ -27,15 +27,16 @@ from typing import Any
 import pytest
 
 from remediator import cli, leader
-from remediator.alertmanager import AlertmanagerView, ShownAlert
-from remediator.app import create_app
 from remediator.cluster import Node
-from remediator.engine import Engine, EngineSettings
+from remediator.desired.alertmanager import AlertmanagerView, ShownAlert
 from remediator.executors.kubernetes import GATES_KEY, STATE_KEY, KubernetesCluster, KubernetesSettings
 from remediator.executors.snapshot import RecordingAws
-from remediator.payload import Alert, WebhookPayload, parse_payload
+from remediator.intake.app import create_app
+from remediator.intake.payload import Alert, WebhookPayload, parse_payload
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
+from remediator.lifecycle.record import EPISODES
 from remediator.policy import Policy, parse_policy
-from remediator.record import EPISODES
 from tests.kube.controlplane import (
     ControlPlane,
     apply_objects,

@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from remediator.engine import Engine, EngineSettings
 from remediator.executors.aws import AwsExecutor, AwsSettings
 from remediator.executors.kubernetes import KubernetesCluster
 from remediator.executors.snapshot import RecordingAws
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
 from remediator.policy import Policy, parse_policy
 from tests.kube.controlplane import ControlPlane, apply_objects, cordoned, forget_remediation
 from tests.kube.kubelet import FakeKubelet

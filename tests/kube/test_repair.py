@@ -41,13 +41,13 @@ from exporter.checks.endpoint import ChecksEndpoint
 from exporter.cli import checks_source, make_handler
 from exporter.sources import build_registry
 from remediator.cluster import Aws
-from remediator.engine import Engine, EngineSettings
 from remediator.executors.aws import AwsExecutor, AwsSettings
 from remediator.executors.kubernetes import KubernetesCluster, quarantine_configmap_name
 from remediator.executors.snapshot import RecordingAws
-from remediator.payload import WebhookPayload, parse_payload
-from remediator.policy import Policy, parse_policy
-from remediator.repair import (
+from remediator.intake.payload import WebhookPayload, parse_payload
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
+from remediator.lifecycle.repair import (
     DURABLE_MAX_BYTES,
     HISTORY,
     OWN_ACTIONS,
@@ -59,7 +59,8 @@ from remediator.repair import (
     RepairLoop,
     url_template_endpoint,
 )
-from remediator.repairservice import wants_a_look
+from remediator.lifecycle.repairservice import wants_a_look
+from remediator.policy import Policy, parse_policy
 from tests.checks.fake_cuda import FakeGpu, h100x8
 from tests.checks.helpers import make_runner
 from tests.kube.controlplane import (

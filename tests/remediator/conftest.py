@@ -14,7 +14,6 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from remediator.app import create_app
 from remediator.cluster import (
     DrainOutcome,
     DrainSettings,
@@ -27,10 +26,12 @@ from remediator.cluster import (
     Returned,
     Taint,
 )
-from remediator.engine import Engine, EngineSettings
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster
+from remediator.intake.app import create_app
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
+from remediator.lifecycle.record import RecordChange
 from remediator.policy import Policy, load_policy
-from remediator.record import RecordChange
 
 REPO = Path(__file__).resolve().parents[2]
 SNAPSHOT = REPO / "examples" / "cluster-snapshot.yaml"

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from remediator.alertmanager import (
+from remediator.cli import alertmanager_urls, main
+from remediator.desired.alertmanager import (
     AlertmanagerClient,
     AlertmanagerPoller,
     AlertmanagerSettings,
@@ -18,8 +19,7 @@ from remediator.alertmanager import (
     merge_views,
     parse_api_alerts,
 )
-from remediator.cli import alertmanager_urls, main
-from remediator.payload import PayloadError, canonical_time
+from remediator.intake.payload import PayloadError, canonical_time
 from tests import alertmanager_process
 from tests.alertmanager_process import Alertmanager, fired
 from tests.remediator.conftest import SNAPSHOT

@@ -19,10 +19,11 @@ import pytest
 from aiohttp import web
 
 from remediator.cluster import BackendUnavailable, Node
-from remediator.engine import Engine, EngineSettings
 from remediator.executors.aws import AwsExecutor, AwsRefused, AwsSettings, MetricDatum
 from remediator.executors.snapshot import SnapshotCluster
-from remediator.payload import WebhookPayload, parse_payload
+from remediator.intake.payload import WebhookPayload, parse_payload
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
 from remediator.policy import parse_policy
 
 REGION = "us-west-2"

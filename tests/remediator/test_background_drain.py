@@ -20,14 +20,15 @@ import pytest
 from aiohttp.test_utils import TestClient
 from kubernetes.aio import client as k8s
 
-from remediator.app import create_app
 from remediator.cluster import DrainSettings, Node, OwnerReference, Pod
-from remediator.engine import Engine, EngineSettings
 from remediator.executors.kubernetes import KubernetesCluster, KubernetesSettings
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster
-from remediator.payload import parse_payload
+from remediator.intake.app import create_app
+from remediator.intake.payload import parse_payload
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
+from remediator.lifecycle.record import DRAIN_STATUS
 from remediator.policy import parse_policy
-from remediator.record import DRAIN_STATUS
 from tests.remediator.conftest import AUTH, TOKEN, AiohttpClient, CountingCluster, FakeClock
 from tests.remediator.fake_apiserver import FakeApiServer, node, pdb, pod, serve, status_error
 

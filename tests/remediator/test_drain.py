@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import pytest
 
+from remediator.actuators.drainplan import Blocker, DrainPlan, plan_drain
 from remediator.cluster import LabelSelector, OwnerReference, Pod, PodDisruptionBudget
-from remediator.drain import Blocker, DrainPlan, plan_drain
 
 JOB = (OwnerReference(kind="Job", name="train", controller=True),)
 DAEMONSET = (OwnerReference(kind="DaemonSet", name="exporter", controller=True),)

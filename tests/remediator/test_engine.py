@@ -9,11 +9,12 @@ import dataclasses
 from typing import Any
 
 from remediator.cluster import BackendUnavailable, Node, NodeCondition, Pod, Taint
-from remediator.engine import Engine, EngineSettings
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster
-from remediator.payload import WebhookPayload, parse_payload
+from remediator.intake.payload import WebhookPayload, parse_payload
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
+from remediator.lifecycle.record import RecordChange
 from remediator.policy import Policy, load_policy, parse_policy
-from remediator.record import RecordChange
 from tests.remediator.conftest import SNAPSHOT, CountingCluster, FakeClock, payload
 
 CORDON = "rules:\n  - name: c\n    actions: [cordon]\n"

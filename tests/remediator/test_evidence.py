@@ -23,7 +23,6 @@ from aiohttp.test_utils import TestServer
 
 from remediator import cli, fleet_cli
 from remediator.cluster import Node
-from remediator.engine import Engine, EngineSettings
 from remediator.evidence import cli as evidence_cli
 from remediator.evidence.bundle import (
     ANNOTATION,
@@ -47,11 +46,13 @@ from remediator.evidence.store import (
     latest,
 )
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster
+from remediator.intake.payload import parse_payload
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
+from remediator.lifecycle.record import EPISODES
+from remediator.lifecycle.repair import url_template_endpoint
 from remediator.metrics import RemediatorMetrics
-from remediator.payload import parse_payload
 from remediator.policy import CaptureEvidence, PolicyError, load_policy, parse_policy
-from remediator.record import EPISODES
-from remediator.repair import url_template_endpoint
 from tests.remediator.conftest import SNAPSHOT, FakeClock
 from tests.remediator.evidence_server import (
     GPU4_SERIAL,

@@ -17,12 +17,13 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
-from remediator.app import create_app
-from remediator.engine import Engine, EngineSettings
 from remediator.executors.kubernetes import GATES_KEY, KubernetesCluster, KubernetesSettings
 from remediator.executors.snapshot import RecordingAws
+from remediator.intake.app import create_app
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
+from remediator.lifecycle.record import EPISODES
 from remediator.policy import load_policy
-from remediator.record import EPISODES
 from tests.remediator.conftest import AUTH, TOKEN, AiohttpClient, payload
 from tests.remediator.fake_apiserver import FakeApiServer, node, pod, serve
 

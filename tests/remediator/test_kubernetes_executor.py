@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
-from remediator.app import create_app
 from remediator.cluster import (
     BackendUnavailable,
     BlockedPod,
@@ -29,7 +28,6 @@ from remediator.cluster import (
     Taint,
     WriteRefused,
 )
-from remediator.engine import Engine, EngineSettings
 from remediator.executors.kubernetes import (
     BLOCKED_SHOWN,
     KubernetesCluster,
@@ -39,8 +37,11 @@ from remediator.executors.kubernetes import (
     trim_node,
 )
 from remediator.executors.snapshot import RecordingAws
+from remediator.intake.app import create_app
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
+from remediator.lifecycle.record import CORDONED_BY, DRAIN_BLOCKED, DRAIN_DEADLINE, DRAIN_STATUS, TAINTS_ADDED
 from remediator.policy import load_policy
-from remediator.record import CORDONED_BY, DRAIN_BLOCKED, DRAIN_DEADLINE, DRAIN_STATUS, TAINTS_ADDED
 from tests.remediator.conftest import AUTH, TOKEN, AiohttpClient, payload
 from tests.remediator.fake_apiserver import FakeApiServer, node, pdb, pod, serve, status_error
 

@@ -23,14 +23,15 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from remediator import cli
-from remediator.app import create_app
 from remediator.cluster import DrainSettings, NotLeader
-from remediator.engine import Engine, EngineSettings
 from remediator.executors.kubernetes import KubernetesCluster
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster
+from remediator.intake.app import create_app
 from remediator.leader import LeaderElector, LeaderSettings, install
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
+from remediator.lifecycle.record import DRAIN_DEADLINE
 from remediator.policy import load_policy
-from remediator.record import DRAIN_DEADLINE
 from tests.remediator.conftest import AUTH, TOKEN, AiohttpClient, payload
 from tests.remediator.fake_apiserver import FakeApiServer, node, pdb, pod, serve
 

@@ -26,7 +26,6 @@ from typing import Any
 
 import pytest
 
-from remediator.alertmanager import AlertmanagerView
 from remediator.cluster import (
     BackendUnavailable,
     DrainOutcome,
@@ -35,12 +34,13 @@ from remediator.cluster import (
     OwnerReference,
     Pod,
 )
-from remediator.engine import Engine, EngineSettings
+from remediator.desired.alertmanager import AlertmanagerView
 from remediator.executors.snapshot import AwsOff, RecordingAws, SnapshotCluster
+from remediator.intake.payload import WebhookPayload, parse_payload
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
 from remediator.lifecycle.phases import PHASES
-from remediator.payload import WebhookPayload, parse_payload
-from remediator.policy import parse_policy
-from remediator.record import (
+from remediator.lifecycle.record import (
     CORDONED_BY,
     DRAIN_STATUS,
     EPISODES,
@@ -51,7 +51,8 @@ from remediator.record import (
     moves_forward,
     read,
 )
-from remediator.repair import QUARANTINE, RepairLoop, Verification
+from remediator.lifecycle.repair import QUARANTINE, RepairLoop, Verification
+from remediator.policy import parse_policy
 from tests.remediator.conftest import FakeClock
 
 INSTANCE = "i-0123456789abcdef0"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from remediator.executors.kubernetes import PDB_API
-from remediator.record import DRAIN_STATUS
+from remediator.lifecycle.record import DRAIN_STATUS
 from tests.remediator.conftest import AUTH, AiohttpClient
 from tests.remediator.fake_apiserver import node, pdb, pod, serve, status_error
 from tests.remediator.test_background_drain import (

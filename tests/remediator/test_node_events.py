@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
-from remediator.engine import Engine, EngineSettings
 from remediator.executors.kubernetes import KubernetesCluster
 from remediator.executors.snapshot import RecordingAws
-from remediator.payload import parse_payload
+from remediator.intake.payload import parse_payload
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
 from remediator.policy import PolicyError, parse_policy
 from tests.remediator.fake_apiserver import FakeApiServer, node, pdb, pod, serve, status_error
 from tests.remediator.test_background_drain import FAST_API, FAST_DRAIN, INSTANCE, NODE, alert_body

@@ -10,9 +10,10 @@ import dataclasses
 from typing import Any
 
 from remediator.cluster import Node
-from remediator.engine import Engine, EngineSettings
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster
-from remediator.payload import WebhookPayload, parse_payload
+from remediator.intake.payload import WebhookPayload, parse_payload
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
 from remediator.policy import parse_policy
 from tests.remediator.conftest import AUTH, AiohttpClient, FakeClock, Service
 

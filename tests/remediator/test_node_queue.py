@@ -10,12 +10,13 @@ import asyncio
 from typing import Any
 
 from remediator.cluster import Node
-from remediator.engine import Engine, EngineSettings
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster
+from remediator.intake.payload import WebhookPayload, parse_payload
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
 from remediator.lifecycle.queue import NodeQueue
-from remediator.payload import WebhookPayload, parse_payload
+from remediator.lifecycle.record import RecordChange
 from remediator.policy import parse_policy
-from remediator.record import RecordChange
 from tests.remediator.conftest import FakeClock
 
 CORDON_POLICY = """

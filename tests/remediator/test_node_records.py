@@ -30,14 +30,23 @@ import pytest
 import yaml
 
 from remediator import cli, fleet_cli
-from remediator.alertmanager import AlertmanagerView, ShownAlert
-from remediator.app import create_app
 from remediator.cluster import BackendUnavailable, Node, Taint
-from remediator.engine import Engine, EngineSettings
+from remediator.desired.alertmanager import AlertmanagerView, ShownAlert
 from remediator.executors.snapshot import AwsOff, RecordingAws, SnapshotCluster
-from remediator.payload import WebhookPayload, parse_payload
+from remediator.intake.app import create_app
+from remediator.intake.payload import WebhookPayload, parse_payload
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.model import EngineSettings
+from remediator.lifecycle.record import (
+    CORDONED_BY,
+    EPISODES,
+    MANAGER,
+    Episode,
+    RecordChange,
+    episode_start,
+    read,
+)
 from remediator.policy import parse_policy
-from remediator.record import CORDONED_BY, EPISODES, MANAGER, Episode, RecordChange, episode_start, read
 from tests.remediator.conftest import AUTH, TOKEN, AiohttpClient, CountingCluster, FakeClock
 
 GPU = ("nvidia.com/gpu",)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from remediator.cluster import LabelRequirement, LabelSelector, Node
+from remediator.gates.safety import BudgetLimits, RateLimit, StormSettings
 from remediator.policy import (
     AddTaint,
     AwsSetUnhealthy,
@@ -23,7 +24,6 @@ from remediator.policy import (
     parse_policy,
 )
 from remediator.repairpolicy import RepairSettings
-from remediator.safety import BudgetLimits, RateLimit, StormSettings
 
 GOOD = """
 safety: {max_disrupted_nodes: 3}

@@ -1,7 +1,7 @@
-"""The record a node carries (remediator/record.py): its codec, its bound, and how a change is applied to
-the record as read just before the write, so that a write retried after a conflict neither loses what
-another writer recorded meanwhile nor brings back what was forgotten (issue 23: the 409 merge of the
-old gate-state document was a union); startsAt as the record keeps it."""
+"""The record a node carries (remediator/lifecycle/record.py): its codec, its bound, and how a change is
+applied to the record as read just before the write, so that a write retried after a conflict neither
+loses what another writer recorded meanwhile nor brings back what was forgotten (issue 23: the 409 merge
+of the old gate-state document was a union); startsAt as the record keeps it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from remediator.record import (
+from remediator.lifecycle.record import (
     EPISODES,
     MAX_EPISODES,
     Episode,

@@ -29,11 +29,10 @@ from prometheus_client import CollectorRegistry
 
 from remediator.audit import DecisionRecord
 from remediator.cluster import Node, NodeCondition
-from remediator.desired import Cause
+from remediator.desired.firing import Cause
 from remediator.executors.snapshot import SnapshotCluster
-from remediator.policy import AwsReboot, parse_policy
-from remediator.record import CORDONED_BY, MANAGER
-from remediator.repair import (
+from remediator.lifecycle.record import CORDONED_BY, MANAGER
+from remediator.lifecycle.repair import (
     DURABLE_MAX_BYTES,
     HISTORY,
     HISTORY_CAP,
@@ -50,6 +49,7 @@ from remediator.repair import (
     reboot_step,
     unverified,
 )
+from remediator.policy import AwsReboot, parse_policy
 from tests.remediator.conftest import FakeClock
 
 POLICY = """

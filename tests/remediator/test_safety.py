@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from remediator.cluster import LabelSelector, Node, Taint
-from remediator.safety import (
+from remediator.gates.safety import (
     BudgetLimits,
     DisruptionBudget,
     PauseSwitch,
@@ -23,7 +23,7 @@ from remediator.safety import (
     eligible_count,
     protected_reason,
 )
-from remediator.state import StateError, gates_document, load_gates
+from remediator.gates.state import StateError, gates_document, load_gates
 
 
 class FakeClock:

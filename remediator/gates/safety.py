@@ -12,8 +12,8 @@ The gates, in the order the engine asks them:
   covers (one node pool, one instance type); asked after the global budget, same gate name.
 
 The pause switch and the breaker's latch are written to a small document the cluster keeps
-(remediator/state.py); the budget's holds and the rate limits' times are derived from the nodes
-(remediator/record.py), so both survive restarts and fail-overs without a document that grows with
+(remediator/gates/state.py); the budget's holds and the rate limits' times are derived from the nodes
+(remediator/lifecycle/record.py), so both survive restarts and fail-overs without a document that grows with
 the fleet. Nothing here imports aiohttp, kubernetes or boto3.
 """
 
@@ -30,7 +30,7 @@ from typing import Any
 from remediator.cluster import LabelSelector, Node
 
 CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
-logger = logging.getLogger("remediator.safety")
+logger = logging.getLogger("remediator.gates.safety")
 
 Clock = Callable[[], float]
 
@@ -202,7 +202,7 @@ class StormBreaker:
     cooldown.
 
     It counts faults, not deliveries: `evaluate(eligible=..., alerting=...)` is given the eligible
-    nodes with an alert firing now (remediator/desired.py keeps those until they resolve or expire),
+    nodes with an alert firing now (remediator/desired/firing.py keeps those until they resolve or expire),
     so a storm that keeps firing keeps the breaker open however rarely Alertmanager resends. It is
     evaluated on every delivery, every check and every metrics scrape. While open, every action for a
     firing alert is deferred (gate "breaker").

@@ -1,8 +1,8 @@
 """The gates document: the only thing this service keeps outside the nodes it acts on (pure codec).
 
 Everything else a new leader needs (budget holders, ownership, idempotency, running drains, held
-reversals, rate-limit times) is derived from the nodes (remediator/record.py). What cannot be derived
-from any node is kept here, in one small object (the Kubernetes executor: the ConfigMap
+reversals, rate-limit times) is derived from the nodes (remediator/lifecycle/record.py). What cannot
+be derived from any node is kept here, in one small object (the Kubernetes executor: the ConfigMap
 `accel-health-remediator-gates`), written only when it changes:
 
     {"version": 2,
@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from remediator.safety import PauseSwitch, StormBreaker
+from remediator.gates.safety import PauseSwitch, StormBreaker
 
 GATES_VERSION = 2
 MAX_REASON = 512

@@ -31,7 +31,8 @@ The annotations this service writes on a Node (prefix `accel-health.io/`):
   3 KiB however many alerts fire in the fleet. The record is removed when the node returns to the
   pool (the return's own write), or when its episodes ended and nothing of this service's holds the
   node any more;
-- `quarantine`, `quarantine-history`, `repair-failed`, `rebooted`: the repair loop's (remediator/repair.py).
+- `quarantine`, `quarantine-history`, `repair-failed`, `rebooted`: the repair loop's
+  (remediator/lifecycle/repair.py).
 - `evidence`: where the newest evidence capture of the node is (`s3://bucket/key` or
   `configmap/<namespace>/<name>`), written with the `evidence` step's record (remediator/evidence/).
 """

@@ -1,5 +1,5 @@
 """The nodes as the engine knows them: observed through the cluster seam (the Kubernetes executor
-answers from a watch cache), each with the record this service keeps on it (remediator/record.py),
+answers from a watch cache), each with the record this service keeps on it (remediator/lifecycle/record.py),
 plus what dry-run decisions pretended to do (kept in memory, never written anywhere).
 
 Everything a leader must remember about a node is derived here from the node itself: whether this
@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from remediator.cluster import Cluster, Node, Taint
-from remediator.policy import DISRUPTIVE, AddTaint, AwsReboot, AwsSetUnhealthy, Rule
-from remediator.record import (
+from remediator.gates.safety import Hold
+from remediator.lifecycle.record import (
     CORDONED_AT,
     DRAIN_STATUS,
     EPISODES,
@@ -28,7 +28,7 @@ from remediator.record import (
     parse_rfc3339,
     read,
 )
-from remediator.safety import Hold
+from remediator.policy import DISRUPTIVE, AddTaint, AwsReboot, AwsSetUnhealthy, Rule
 
 OURS = (EPISODES, TAINTS_ADDED, DRAIN_STATUS)
 """Annotations that make a node worth a closer look (with `cordoned-by`)."""

@@ -11,10 +11,10 @@ from typing import Any
 
 from remediator.audit import DecisionRecord, Outcome
 from remediator.cluster import DrainSettings, Node
+from remediator.intake.payload import Alert
 from remediator.lifecycle.phases import phase_of
-from remediator.payload import Alert
+from remediator.lifecycle.record import Episode, RecordChange, episode_start
 from remediator.policy import Rule
-from remediator.record import Episode, RecordChange, episode_start
 
 MAX_PENDING = 10_000
 """Deferred actions remembered at most (oldest forgotten first, with a log line)."""

@@ -1,6 +1,6 @@
-"""The repair loop (remediator/repair.py) inside the aiohttp service: a background task, its metrics,
-and a look again after every delivery that acted. Kept apart so that the engine and the app factory
-need no more than a call to `install`."""
+"""The repair loop (remediator/lifecycle/repair.py) inside the aiohttp service: a background task, its
+metrics, and a look again after every delivery that acted. Kept apart so that the engine and the app
+factory need no more than a call to `install`."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
-from remediator.app import ENGINE, METRICS
 from remediator.audit import DecisionRecord
 from remediator.cluster import Cluster
-from remediator.repair import OWN_ACTIONS, RepairCollector, RepairLoop, Verifier
+from remediator.intake.app import ENGINE, METRICS
+from remediator.lifecycle.repair import OWN_ACTIONS, RepairCollector, RepairLoop, Verifier
 
 REPAIR = web.AppKey("repair", RepairLoop)
 TAKES_OUT = frozenset({"condition", "cordon", "taint", "drain"})

@@ -1,6 +1,6 @@
 """The gates every action passes, as one part the engine is handed: pause, storm breaker, order, rate
 limits, the disruption budget (global and per rule) and what passed them; and the one small object
-that keeps the pause switch and the breaker's latch in the cluster (remediator/state.py)."""
+that keeps the pause switch and the breaker's latch in the cluster (remediator/gates/state.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 
 from remediator.cluster import Cluster, Node, StateConflict
-from remediator.engine.model import ActionResult, Context
-from remediator.policy import DISRUPTIVE, Action, Policy, Rule
-from remediator.safety import (
+from remediator.gates.safety import (
     DisruptionBudget,
     Hold,
     PauseSwitch,
@@ -20,7 +18,9 @@ from remediator.safety import (
     Verdict,
     eligible,
 )
-from remediator.state import StateError, gates_document, load_gates
+from remediator.gates.state import StateError, gates_document, load_gates
+from remediator.lifecycle.model import ActionResult, Context
+from remediator.policy import DISRUPTIVE, Action, Policy, Rule
 
 logger = logging.getLogger("remediator.decisions")
 

@@ -4,10 +4,10 @@ Releases before this one kept everything in one document (the ConfigMap
 `accel-health-remediator-state`, key `state.json`, version 1), rewritten on every delivery. A leader
 that finds it reads it once and moves what still matters:
 
-- the pause switch and the breaker's latch -> the gates document (remediator/state.py), unless one
+- the pause switch and the breaker's latch -> the gates document (remediator/gates/state.py), unless one
   is there already;
 - every alert that held a node (`firing`, and the resolved ones whose reversals were held back) ->
-  an episode in that node's record (remediator/record.py), its steps those whose effect the node
+  an episode in that node's record (remediator/lifecycle/record.py), its steps those whose effect the node
   shows (cordoned by this service, its taint present, the condition set, a drain recorded) and
   every step before them; a replacement asked for (`budget.<node>.kinds`) keeps the node held;
 - ownership of cordons and taints, and drain progress, were on the nodes already (annotations).
@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from remediator.cluster import Cluster, Node
-from remediator.policy import AddTaint, AwsSetUnhealthy, Cordon, Drain, Policy, Rule, SetCondition
-from remediator.record import (
+from remediator.gates.state import GATES_VERSION, StateError
+from remediator.lifecycle.record import (
     CORDONED_BY,
     DRAIN_STATUS,
     MANAGER,
@@ -36,7 +36,7 @@ from remediator.record import (
     owned_taints,
     taint_id,
 )
-from remediator.state import GATES_VERSION, StateError
+from remediator.policy import AddTaint, AwsSetUnhealthy, Cordon, Drain, Policy, Rule, SetCondition
 
 logger = logging.getLogger("remediator.migrate")
 

@@ -8,8 +8,8 @@ is a cause: the node it names, the rule that matched, and what that rule holds o
 taints by key, conditions by type). A hold is released only when no cause asking for it is left.
 
 The set lives in memory. A new leader starts from the alerts whose episodes are recorded on the
-nodes they hold (remediator/record.py), each with a fresh expiry, and from one read of Alertmanager's
-API when it has one; the webhook deliveries that follow complete it.
+nodes they hold (remediator/lifecycle/record.py), each with a fresh expiry, and from one read of
+Alertmanager's API when it has one; the webhook deliveries that follow complete it.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from remediator.lifecycle.record import episode_start
 from remediator.policy import AddTaint, Cordon, Drain, Rule, SetCondition
-from remediator.record import episode_start
 
 DEFAULT_EXPIRY_SECONDS = 4 * 3600.0 + 600.0
 """Alertmanager's default repeat_interval (4 h) plus a group_interval and slack."""
@@ -62,7 +62,7 @@ class Cause:
     starts_at: str = ""
     """Its startsAt (part of the idempotency key of that resolve)."""
     released: bool = False
-    """A human ended this episode's remediation (remediator/record.py): it still fires, it holds
+    """A human ended this episode's remediation (remediator/lifecycle/record.py): it still fires, it holds
     nothing."""
 
     def as_json(self) -> dict[str, Any]:

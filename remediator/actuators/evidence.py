@@ -2,7 +2,7 @@
 it, and say on the Node where it is, all within the step's deadline.
 
 Once per alert episode, like every step: the Node write that sets the `accel-health.io/evidence`
-annotation also records the step in the node's record (remediator/record.py), so a resend, or a new
+annotation also records the step in the node's record (remediator/lifecycle/record.py), so a resend, or a new
 leader, never captures again. A fetch that fails (no exporter pod, 401, no answer in time) still
 stores a capture with this service's part and the error; a store that fails stores nothing. Either is
 decided `failed` (an AccelEvidenceCaptureFailed Event, `accel_remediator_evidence_captures_total`),
@@ -17,15 +17,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Literal
 
+from remediator.actuators.nodes import done
 from remediator.audit import DecisionRecord
 from remediator.cluster import Cluster, Node
-from remediator.desired import FiringSet
-from remediator.engine.gates import Gates
-from remediator.engine.model import ActionResult, Context
-from remediator.engine.node_actions import done
+from remediator.desired.firing import FiringSet
 from remediator.evidence.bundle import ANNOTATION, FetchResult, build_capture, encode, remediator_version
 from remediator.evidence.fetch import EvidenceFetcher
 from remediator.evidence.store import EvidenceStore, EvidenceStoreError
+from remediator.gates.gates import Gates
+from remediator.lifecycle.model import ActionResult, Context
 from remediator.policy import CaptureEvidence
 
 logger = logging.getLogger("remediator.evidence")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from remediator.audit import Outcome
 from remediator.cluster import BackendUnavailable, Cluster
-from remediator.engine.model import ActionResult, Context, Waiter
+from remediator.lifecycle.model import ActionResult, Context, Waiter
 
 logger = logging.getLogger("remediator.decisions")
 

@@ -1,6 +1,6 @@
 """The node actions: condition, cordon and uncordon, taint and untaint, Event. Each write carries the
-node's record (remediator/record.py) in the same request; each reversal undoes only what this service
-made and nobody changed since, and only when no other cause still holds it."""
+node's record (remediator/lifecycle/record.py) in the same request; each reversal undoes only what
+this service made and nobody changed since, and only when no other cause still holds it."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from remediator.cluster import Cluster, Node, NodeCondition, Taint
-from remediator.desired import FiringSet
-from remediator.engine.gates import Gates
-from remediator.engine.model import ActionResult, Context
-from remediator.engine.records import NodeView
+from remediator.desired.firing import FiringSet
+from remediator.gates.gates import Gates
+from remediator.lifecycle.model import ActionResult, Context
+from remediator.lifecycle.view import NodeView
 from remediator.policy import AddTaint, RemoveTaint, SetCondition
 
 Quarantine = Callable[[Node, Context, str], Mapping[str, str | None]]

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from remediator.payload import Alert, WebhookPayload
+from remediator.intake.payload import Alert, WebhookPayload
 
 
 def alert_document(alert: Alert) -> dict[str, Any]:

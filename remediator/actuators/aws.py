@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from remediator.actuators.nodes import done
 from remediator.cluster import Aws, Cluster, Node, NodeCondition, instance_id_from_provider_id
-from remediator.engine.gates import Gates
-from remediator.engine.model import ActionResult, Context
-from remediator.engine.node_actions import done
+from remediator.gates.gates import Gates
+from remediator.lifecycle.model import ActionResult, Context
+from remediator.lifecycle.repair import karpenter_managed, reboot_step, rebooted_annotation, rebooted_boot_id
 from remediator.policy import AwsReboot, CloudWatchMetric
-from remediator.repair import karpenter_managed, reboot_step, rebooted_annotation, rebooted_boot_id
 
 OFF = (
     "AWS calls are off (the remediator runs without --aws): {what}; the aws overlay "

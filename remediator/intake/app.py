@@ -24,17 +24,17 @@ from dataclasses import dataclass
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from remediator.alertmanager import AlertmanagerPoller
 from remediator.cluster import BackendUnavailable
-from remediator.engine import Engine
-from remediator.holds import as_json, held_nodes
+from remediator.desired.alertmanager import AlertmanagerPoller
+from remediator.intake.payload import PayloadError, parse_body
+from remediator.lifecycle.engine import Engine
+from remediator.lifecycle.holds import as_json, held_nodes
 from remediator.lifecycle.status import as_json as status_json
 from remediator.lifecycle.status import node_statuses
 from remediator.metrics import RemediatorMetrics
-from remediator.payload import PayloadError, parse_body
 
 MAX_BODY_BYTES = 1024 * 1024
-logger = logging.getLogger("remediator.app")
+logger = logging.getLogger("remediator.intake.app")
 
 
 @dataclass
@@ -279,7 +279,7 @@ async def _stop_drains(app: web.Application) -> None:
 
 
 async def _poll_alertmanager(app: web.Application) -> AsyncIterator[None]:
-    """Read what fires now from Alertmanager while leading (remediator/alertmanager.py)."""
+    """Read what fires now from Alertmanager while leading (remediator/desired/alertmanager.py)."""
     poller = app[POLLER]
     task = asyncio.create_task(poller.run(), name="alertmanager-poller")
     yield

@@ -2,7 +2,7 @@
 the gates and the action itself; deferred actions are remembered, decided ones never again.
 
 Idempotency has two memories: the decisions of this process (`Decided`, in memory, bounded), and
-the node's record (remediator/record.py), which outlives the process: a step the record says was
+the node's record (remediator/lifecycle/record.py), which outlives the process: a step the record says was
 decided is never decided again, whichever replica decided it."""
 
 from __future__ import annotations
@@ -13,15 +13,18 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from remediator.actuators.aws import AwsActuator
+from remediator.actuators.events import EventRecorder, NodeEvent
+from remediator.actuators.evidence import EvidenceActuator
+from remediator.actuators.nodes import NodeActuator
 from remediator.audit import DecisionLog, DecisionRecord
 from remediator.cluster import BackendUnavailable, DrainOutcome, NotLeader
-from remediator.desired import FiringSet
-from remediator.engine.aws_actions import AwsActuator
-from remediator.engine.drains import DrainRunner, drain_end
-from remediator.engine.events import EventRecorder, NodeEvent
-from remediator.engine.evidence import EvidenceActuator
-from remediator.engine.gates import Gates
-from remediator.engine.model import (
+from remediator.desired.firing import FiringSet
+from remediator.gates.gates import Gates
+from remediator.gates.safety import protected_reason
+from remediator.intake.payload import Alert
+from remediator.lifecycle.drains import DrainRunner, drain_end
+from remediator.lifecycle.model import (
     MAX_PENDING,
     ActionResult,
     AlertPlan,
@@ -32,9 +35,8 @@ from remediator.engine.model import (
     RunningDrain,
     Waiter,
 )
-from remediator.engine.node_actions import NodeActuator
-from remediator.engine.records import NodeView
-from remediator.payload import Alert
+from remediator.lifecycle.record import episode_start
+from remediator.lifecycle.view import NodeView
 from remediator.policy import (
     DISRUPTIVE,
     TELEMETRY,
@@ -54,8 +56,6 @@ from remediator.policy import (
     SetCondition,
     Uncordon,
 )
-from remediator.record import episode_start
-from remediator.safety import protected_reason
 
 logger = logging.getLogger("remediator.decisions")
 

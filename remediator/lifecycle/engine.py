@@ -9,31 +9,38 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from remediator.alertmanager import AlertmanagerView
+from remediator.actuators.aws import AwsActuator
+from remediator.actuators.events import EventRecorder
+from remediator.actuators.evidence import EvidenceActuator
+from remediator.actuators.nodes import NodeActuator
 from remediator.audit import DecisionLog, DecisionRecord
 from remediator.cluster import Aws, BackendUnavailable, Cluster, Node
-from remediator.desired import Cause, FiringSet
-from remediator.engine.aws_actions import AwsActuator
-from remediator.engine.drains import DrainRunner
-from remediator.engine.events import EventRecorder
-from remediator.engine.evidence import EvidenceActuator
-from remediator.engine.gates import Gates, LatchStore
-from remediator.engine.migrate import migrate_legacy_state
-from remediator.engine.model import AlertPlan, EngineSettings, GateStatus, Observed, PendingAction
-from remediator.engine.node_actions import NodeActuator
-from remediator.engine.pipeline import Decided, Decisions, Key, Reconciler
-from remediator.engine.records import NodeView, taint_values
-from remediator.engine.stored import made_up_payload, resolved_alert
+from remediator.desired.alertmanager import AlertmanagerView
+from remediator.desired.firing import Cause, FiringSet
+from remediator.desired.stored import made_up_payload, resolved_alert
 from remediator.evidence.fetch import EvidenceFetcher
 from remediator.evidence.store import EvidenceStore
+from remediator.gates.gates import Gates, LatchStore
+from remediator.gates.safety import DisruptionBudget
+from remediator.intake.payload import Alert, WebhookPayload
+from remediator.lifecycle.drains import DrainRunner
+from remediator.lifecycle.migrate import migrate_legacy_state
+from remediator.lifecycle.model import AlertPlan, EngineSettings, GateStatus, Observed, PendingAction
 from remediator.lifecycle.node import NodeLifecycle
 from remediator.lifecycle.queue import NodeQueue
+from remediator.lifecycle.record import (
+    CORDONED_BY,
+    DRAIN_STATUS,
+    EPISODES,
+    TAINTS_ADDED,
+    Episode,
+    starts_at_text,
+)
+from remediator.lifecycle.repair import QUARANTINE, REPAIR_FAILED, quarantine_annotations
 from remediator.lifecycle.status import phase_counts
-from remediator.payload import Alert, WebhookPayload
+from remediator.lifecycle.steps import Decided, Decisions, Key, Reconciler
+from remediator.lifecycle.view import NodeView, taint_values
 from remediator.policy import Policy, Selection
-from remediator.record import CORDONED_BY, DRAIN_STATUS, EPISODES, TAINTS_ADDED, Episode, starts_at_text
-from remediator.repair import QUARANTINE, REPAIR_FAILED, quarantine_annotations
-from remediator.safety import DisruptionBudget
 
 logger = logging.getLogger("remediator.decisions")
 
@@ -190,8 +197,8 @@ class Engine:
         return [r for r in self.decisions.log.records() if r.node == node]
 
     def _quarantine(self, node: Node, ctx: Any, status: str) -> dict[str, str | None]:
-        """The repair loop's record of a quarantine (remediator/repair.py), in the write that sets the
-        condition: started by status False, ended by True. The loop then finds it as it should be and
+        """The repair loop's record of a quarantine (remediator/lifecycle/repair.py), in the write that
+        sets the condition: started by status False, ended by True. The loop then finds it as it should be and
         writes nothing on the node (it keeps or drops its durable copy)."""
         if status != "False":
             return dict.fromkeys((k for k in (QUARANTINE, REPAIR_FAILED) if k in node.annotations), None)
@@ -377,7 +384,7 @@ class Engine:
             self.queue.add(name)
 
     async def reconcile(self, view: AlertmanagerView) -> list[AlertPlan]:
-        """Converge on what Alertmanager shows now (remediator/alertmanager.py): decide the alerts
+        """Converge on what Alertmanager shows now (remediator/desired/alertmanager.py): decide the alerts
         active there, keep (without acting) those silenced or inhibited, and resolve those this
         service knew firing that no Alertmanager shows any more."""
         await self._ensure_synced()

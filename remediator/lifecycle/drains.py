@@ -14,14 +14,14 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from remediator.actuators.drainplan import plan_drain
 from remediator.audit import Outcome
 from remediator.cluster import BackendUnavailable, Cluster, DrainOutcome, DrainSettings, Node
-from remediator.drain import plan_drain
-from remediator.engine.gates import Gates
-from remediator.engine.model import ActionResult, Context, RunningDrain
-from remediator.engine.records import NodeView
+from remediator.gates.gates import Gates
+from remediator.lifecycle.model import ActionResult, Context, RunningDrain
+from remediator.lifecycle.record import DRAIN_STATUS, Episode, RecordChange, episode_start
+from remediator.lifecycle.view import NodeView
 from remediator.policy import Drain
-from remediator.record import DRAIN_STATUS, Episode, RecordChange, episode_start
 
 logger = logging.getLogger("remediator.decisions")
 

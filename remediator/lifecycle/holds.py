@@ -1,7 +1,7 @@
 """The nodes this service holds, read from the nodes alone (pure): which alert episodes hold each, since
 when, what was done for each and what comes next. What `accel-health-remediator holds` prints and
 `GET /state` serves under `holds`: the same answer whichever replica (or none) is running, because
-it is derived from the nodes' own records (remediator/record.py), not from a process's memory."""
+it is derived from the nodes' own records (remediator/lifecycle/record.py), not from a process's memory."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from remediator.cluster import Node
-from remediator.policy import Policy
-from remediator.record import (
+from remediator.lifecycle.record import (
     CORDONED_BY,
     DRAIN_STATUS,
     EPISODES,
@@ -23,6 +22,7 @@ from remediator.record import (
     read,
     starts_at_text,
 )
+from remediator.policy import Policy
 
 
 @dataclass(frozen=True)

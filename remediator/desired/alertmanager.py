@@ -15,7 +15,7 @@ answers by fingerprint:
 
 Suppressed alerts are asked for (silenced=true, inhibited=true) so that a silence is never mistaken
 for a resolve. When no Alertmanager answers, nothing is concluded: the webhook deliveries and their
-expiry (remediator/desired.py) stay the desired state, and each such poll is logged and counted.
+expiry (remediator/desired/firing.py) stay the desired state, and each such poll is logged and counted.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from typing import Any
 
 import aiohttp
 
-from remediator.payload import Alert, PayloadError, parse_payload
+from remediator.intake.payload import Alert, PayloadError, parse_payload
 
-logger = logging.getLogger("remediator.alertmanager")
+logger = logging.getLogger("remediator.desired.alertmanager")
 
 DEFAULT_INTERVAL_SECONDS = 30.0
 DEFAULT_TIMEOUT_SECONDS = 10.0

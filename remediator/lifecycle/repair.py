@@ -72,13 +72,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from exporter.checks.fanout import run_checks
 from remediator.audit import DecisionRecord, Outcome
 from remediator.cluster import BackendUnavailable, Cluster, Node, NodeCondition, Taint
-from remediator.desired import Cause
+from remediator.desired.firing import Cause
+from remediator.lifecycle.record import RecordChange, owned_taints, taint_id
+from remediator.lifecycle.record import read as read_record
 from remediator.policy import AddTaint, AwsReboot, Policy, SetCondition
-from remediator.record import RecordChange, owned_taints, taint_id
-from remediator.record import read as read_record
 from remediator.repairpolicy import MAX_ESCALATE_AFTER
 
-logger = logging.getLogger("remediator.repair")
+logger = logging.getLogger("remediator.lifecycle.repair")
 
 PREFIX = "accel-health.io/"
 QUARANTINE = PREFIX + "quarantine"
@@ -259,7 +259,7 @@ def rebooted_annotation(node: Node, *, now: float) -> dict[str, str | None]:
 
 
 class FiringCause(Protocol):
-    """What the record needs of a cause firing on the node (remediator.desired.Cause has it)."""
+    """What the record needs of a cause firing on the node (remediator.desired.firing.Cause has it)."""
 
     @property
     def alertname(self) -> str: ...
