@@ -17,6 +17,7 @@ from examples.closed_loop import Step, run_loop
 from examples.pipeline import (
     DEMO_FAULTS,
     DEMO_GPUS,
+    INTERRUPTED,
     Event,
     Outcome,
     Pipeline,
@@ -160,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 say()
                 say(f"  also firing: {', '.join(sorted({a['alertname'] for a in stray}))}")
             print_closed_loop()
+            if INTERRUPTED.is_set():  # a Ctrl-C something swallowed: still a Ctrl-C
+                raise KeyboardInterrupt
         except KeyboardInterrupt:
             say("\ninterrupted: stopping every part of the pipeline")
             problems = pipeline.stop()

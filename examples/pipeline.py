@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -616,12 +617,23 @@ def scratch_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _sigterm_as_interrupt(_signum: int, _frame: object) -> None:
+INTERRUPTED = threading.Event()
+"""Set by the first SIGINT or SIGTERM: the demo stops, whatever part of it the signal landed in."""
+
+
+def _signal_as_interrupt(_signum: int, _frame: object) -> None:
+    INTERRUPTED.set()
     raise KeyboardInterrupt
 
 
 def install_sigterm_handler() -> None:
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    """SIGTERM and SIGINT (Ctrl-C) both stop the demo. SIGINT gets this handler too, not Python's
+    default: asyncio.run() replaces the default one by its own, which only cancels its main task, and
+    a part that swallows that cancellation would let the demo run on to its end after a Ctrl-C (seen
+    once on a loaded machine). This one raises KeyboardInterrupt wherever the main thread is, and
+    `INTERRUPTED` says so even if something swallowed it."""
+    signal.signal(signal.SIGTERM, _signal_as_interrupt)
+    signal.signal(signal.SIGINT, _signal_as_interrupt)
 
 
 def fault_matches_alert(fault: Fault, labels: dict[str, str]) -> bool:
