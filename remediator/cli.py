@@ -38,8 +38,8 @@ from remediator.evidence.store import (
     S3EvidenceStore,
     s3_client,
 )
-from remediator.executors import kubernetes as executors_kubernetes
 from remediator.executors.kubernetes import TLS_CLOSE_GRACE_SECONDS, KubernetesCluster, KubernetesSettings
+from remediator.executors.kubernetes import api as kubernetes_api
 from remediator.executors.snapshot import AwsOff, RecordingAws, SnapshotCluster, SnapshotError
 from remediator.intake.app import ENGINE, MAX_BODY_BYTES, create_app
 from remediator.intake.payload import PayloadError, parse_body
@@ -524,7 +524,7 @@ def _lease_namespace(args: argparse.Namespace) -> str:
     if os.environ.get("POD_NAMESPACE"):
         return os.environ["POD_NAMESPACE"]
     try:
-        namespace_file = executors_kubernetes.SERVICE_ACCOUNT_DIR / "namespace"
+        namespace_file = kubernetes_api.SERVICE_ACCOUNT_DIR / "namespace"
         return namespace_file.read_text(encoding="utf-8").strip() or "default"
     except OSError:
         return "default"

@@ -141,7 +141,7 @@ def test_serve_logs_where_it_listens_and_exits_cleanly_on_sigterm(tmp_path: Path
         text=True,
     )  # fmt: skip
     try:
-        _wait_ready(port)
+        _wait_ready(port, proc=proc)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=10)
     finally:
@@ -166,14 +166,17 @@ def _get(port: int, path: str, *, context: ssl.SSLContext | None = None, auth: s
         conn.close()
 
 
-def _wait_ready(port: int, context: ssl.SSLContext | None = None) -> None:
-    deadline = time.monotonic() + 10
+def _wait_ready(port: int, context: ssl.SSLContext | None = None, *, proc: subprocess.Popen[str]) -> None:
+    """Until /readyz says 200, or the process exited. The limit is only a backstop for a hang: a
+    start-up on a loaded 2-core machine (a test suite beside this one) took over 10 s."""
+    deadline = time.monotonic() + 120
     while True:
         try:
             if _get(port, "/readyz", context=context)[0] == 200:
                 return
         except OSError:
             pass
+        assert proc.poll() is None, f"the remediator exited with {proc.returncode} before it was ready"
         assert time.monotonic() < deadline, "remediator did not become ready"
         time.sleep(0.05)
 
@@ -200,7 +203,7 @@ def test_serve_speaks_tls_with_basic_auth_and_can_start_paused(tmp_path: Path) -
     )  # fmt: skip
     context = ssl.create_default_context(cafile=str(cert))
     try:
-        _wait_ready(port, context)
+        _wait_ready(port, context, proc=proc)
         assert _get(port, "/state", context=context)[0] == 401
         status, body = _get(port, "/state", context=context, auth="Basic YWxlcnRtYW5hZ2VyOnBhNTU=")
         assert status == 200  # alertmanager:pa55
