@@ -367,8 +367,9 @@ NodeListener = Callable[[str, Mapping[str, str] | None], None]
 """(node name, its annotations; None when it was deleted): told of every change the node watch sees."""
 
 
-class Cluster(Protocol):
-    """Everything the engine reads from or does to Kubernetes. Methods raise BackendUnavailable."""
+class NodeReads(Protocol):
+    """The nodes as observed (the Kubernetes executor answers from its watch cache). Methods raise
+    BackendUnavailable."""
 
     async def get_node(self, name: str) -> Node | None:
         """The node, or None when it does not exist."""
@@ -379,58 +380,17 @@ class Cluster(Protocol):
         once per webhook delivery that may act; an executor may answer from a watch cache."""
         ...
 
-    async def list_pods(self, node: str) -> list[Pod]:
-        """Pods bound to the node (all namespaces)."""
-        ...
-
-    async def list_pdbs(self) -> list[PodDisruptionBudget]:
-        """All PodDisruptionBudgets."""
-        ...
-
-    async def daemonsets_exist(self, refs: Collection[tuple[str, str]]) -> set[tuple[str, str]] | None:
-        """Which of these (namespace, name) DaemonSets exist; None when the backend cannot tell (every
-        one then counts as existing: its pods are skipped by a drain)."""
-        ...
-
     def observed_nodes(self) -> list[Node] | None:
         """Every node as the backend observes it now, without a request (a watch cache, the snapshot);
         None when it has no such view yet. For what is computed at scrape time (the repair loop's
         gauges), never for a decision."""
         ...
 
-    async def set_startup_taint(
-        self,
-        node: str,
-        *,
-        uid: str,
-        taint: Taint,
-        present: bool,
-        annotations: Mapping[str, str | None],
-        labels: Mapping[str, str | None],
-    ) -> bool:
-        """In one write on the node object with this `uid` (none when it has another: it was replaced
-        again): add (`present`) or remove every taint with `taint.key`, whoever put it there (the
-        kubelet's --register-with-taints, Karpenter's startupTaints, this service), and set (None:
-        remove) annotations and labels of this service. False when no node with this uid exists."""
-        ...
 
-    async def load_quarantines(self) -> Mapping[str, Mapping[str, Any]]:
-        """Node name -> the durable copy of its quarantine (remediator/lifecycle/repair.py), kept apart
-        from the Node object so that a node deleted and created again under the same name is still
-        known as quarantined. Every copy this service saved and has not deleted."""
-        ...
-
-    async def save_quarantine(self, node: str, document: Mapping[str, Any]) -> None:
-        """Store (create, or replace) the durable copy of the node's quarantine: a JSON-serialisable
-        document of at most 1 KiB. A mutating call: never made in dry-run."""
-        ...
-
-    async def delete_quarantine(self, node: str) -> None:
-        """Forget the durable copy of the node's quarantine (no-op when there is none)."""
-        ...
-
-    # Every write below takes `record`: a change to the node's record (remediator/lifecycle/record.py) made in
-    # the same request as the write, computed from the node as it is just before the write.
+class NodeWrites(Protocol):
+    """Every write this service makes on a node; each takes `record`: a change to the node's record
+    (remediator/lifecycle/record.py) made in the same request, computed from the node as it is just
+    before the write. Methods raise BackendUnavailable."""
 
     async def cordon(self, node: str, *, record: RecordChange | None = None) -> bool:
         """Set spec.unschedulable=true and record that this service did. True when this call cordoned
@@ -461,10 +421,6 @@ class Cluster(Protocol):
         """Upsert a node condition by type (status subresource), with `annotations` in the same write."""
         ...
 
-    async def record_event(self, *, node: str, reason: str, message: str, type_: str) -> None:
-        """Record a Kubernetes Event about the node."""
-        ...
-
     async def annotate_node(
         self, node: str, annotations: Mapping[str, str | None], *, record: RecordChange | None = None
     ) -> None:
@@ -474,6 +430,64 @@ class Cluster(Protocol):
 
     async def label_node(self, node: str, labels: Mapping[str, str | None]) -> None:
         """Set (None: remove) labels on the node, others kept (a repeat offender's label for a human)."""
+        ...
+
+    async def return_node(
+        self,
+        node: str,
+        *,
+        uid: str,
+        taints: Sequence[Taint],
+        annotations: Mapping[str, str | None],
+        record: RecordChange | None = None,
+    ) -> Returned | None:
+        """Give the node object with this `uid` back to the pool in one write: uncordon it when this
+        service cordoned it and nobody changed the cordon since, remove exactly these taints (key,
+        effect and value) where this service added them, forget this service's ownership and drain
+        annotations, set (None: remove) `annotations` and apply `record`. None when no node with
+        this uid exists."""
+        ...
+
+    async def set_startup_taint(
+        self,
+        node: str,
+        *,
+        uid: str,
+        taint: Taint,
+        present: bool,
+        annotations: Mapping[str, str | None],
+        labels: Mapping[str, str | None],
+    ) -> bool:
+        """In one write on the node object with this `uid` (none when it has another: it was replaced
+        again): add (`present`) or remove every taint with `taint.key`, whoever put it there (the
+        kubelet's --register-with-taints, Karpenter's startupTaints, this service), and set (None:
+        remove) annotations and labels of this service. False when no node with this uid exists."""
+        ...
+
+
+class EventSink(Protocol):
+    """Node Events (what `kubectl describe node` shows). Methods raise BackendUnavailable."""
+
+    async def record_event(self, *, node: str, reason: str, message: str, type_: str) -> None:
+        """Record a Kubernetes Event about the node."""
+        ...
+
+
+class Drains(Protocol):
+    """A node's pods and the budgets over them, evictions, and drains like `kubectl drain`. Methods
+    raise BackendUnavailable."""
+
+    async def list_pods(self, node: str) -> list[Pod]:
+        """Pods bound to the node (all namespaces)."""
+        ...
+
+    async def list_pdbs(self) -> list[PodDisruptionBudget]:
+        """All PodDisruptionBudgets."""
+        ...
+
+    async def daemonsets_exist(self, refs: Collection[tuple[str, str]]) -> set[tuple[str, str]] | None:
+        """Which of these (namespace, name) DaemonSets exist; None when the backend cannot tell (every
+        one then counts as existing: its pods are skipped by a drain)."""
         ...
 
     async def evict_pod(
@@ -508,21 +522,10 @@ class Cluster(Protocol):
         """
         ...
 
-    async def return_node(
-        self,
-        node: str,
-        *,
-        uid: str,
-        taints: Sequence[Taint],
-        annotations: Mapping[str, str | None],
-        record: RecordChange | None = None,
-    ) -> Returned | None:
-        """Give the node object with this `uid` back to the pool in one write: uncordon it when this
-        service cordoned it and nobody changed the cordon since, remove exactly these taints (key,
-        effect and value) where this service added them, forget this service's ownership and drain
-        annotations, set (None: remove) `annotations` and apply `record`. None when no node with
-        this uid exists."""
-        ...
+
+class GatesStore(Protocol):
+    """The one small document no node can hold (the pause switch, the breaker's latch), and an older
+    release's whole-state document. Methods raise BackendUnavailable."""
 
     async def load_gates(self) -> Mapping[str, Any] | None:
         """The gates document last saved (remediator/gates/state.py: pause switch, breaker latch), or None."""
@@ -541,6 +544,32 @@ class Cluster(Protocol):
     async def delete_legacy_state(self) -> None:
         """Delete that document (a new leader moved what still matters onto the nodes)."""
         ...
+
+
+class QuarantineStore(Protocol):
+    """The durable copies of quarantines, kept apart from the Node objects. Methods raise
+    BackendUnavailable."""
+
+    async def load_quarantines(self) -> Mapping[str, Mapping[str, Any]]:
+        """Node name -> the durable copy of its quarantine (remediator/lifecycle/repair.py), kept apart
+        from the Node object so that a node deleted and created again under the same name is still
+        known as quarantined. Every copy this service saved and has not deleted."""
+        ...
+
+    async def save_quarantine(self, node: str, document: Mapping[str, Any]) -> None:
+        """Store (create, or replace) the durable copy of the node's quarantine: a JSON-serialisable
+        document of at most 1 KiB. A mutating call: never made in dry-run."""
+        ...
+
+    async def delete_quarantine(self, node: str) -> None:
+        """Forget the durable copy of the node's quarantine (no-op when there is none)."""
+        ...
+
+
+class Cluster(NodeReads, NodeWrites, EventSink, Drains, GatesStore, QuarantineStore, Protocol):
+    """Everything the engine reads from or does to Kubernetes: the backends (executors/) implement it
+    whole; each part of the engine is handed the narrow protocol above it uses (NodeView the reads,
+    NodeActuator the node writes and the Events, DrainRunner the drains, LatchStore the gates...)."""
 
 
 class Aws(Protocol):

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from remediator.actuators.nodes import done
-from remediator.cluster import Aws, Cluster, Node, NodeCondition, instance_id_from_provider_id
+from remediator.cluster import Aws, Node, NodeCondition, NodeWrites, instance_id_from_provider_id
 from remediator.gates.gates import Gates
 from remediator.lifecycle.model import ActionResult, Context
 from remediator.lifecycle.repair import karpenter_managed, reboot_step, rebooted_annotation, rebooted_boot_id
@@ -28,9 +28,9 @@ OFF = (
 class AwsActuator:
     """Auto Scaling, EC2 and CloudWatch actions, through the gates."""
 
-    def __init__(self, *, aws: Aws, cluster: Cluster, gates: Gates, clock: Callable[[], float]) -> None:
+    def __init__(self, *, aws: Aws, nodes: NodeWrites, gates: Gates, clock: Callable[[], float]) -> None:
         self._aws = aws
-        self._cluster = cluster
+        self._cluster = nodes
         self._gates = gates
         self._clock = clock
         self._confirmed: set[tuple[str, str]] = set()

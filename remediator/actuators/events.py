@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from remediator.audit import Outcome
-from remediator.cluster import BackendUnavailable, Cluster
+from remediator.cluster import BackendUnavailable, EventSink
 from remediator.lifecycle.model import ActionResult, Context, Waiter
 
 logger = logging.getLogger("remediator.decisions")
@@ -76,8 +76,8 @@ def action_event(  # noqa: PLR0911  one return per kind of Event
 class EventRecorder:
     """Writes the Events of decisions, as the policy's `events` setting wants them."""
 
-    def __init__(self, *, cluster: Cluster, mode: str, seen: Callable[[tuple[object, ...]], bool]) -> None:
-        self._cluster = cluster
+    def __init__(self, *, sink: EventSink, mode: str, seen: Callable[[tuple[object, ...]], bool]) -> None:
+        self._sink = sink
         self.mode = mode
         """all, failures or none (the policy's `events`)."""
         self._seen = seen
@@ -141,7 +141,7 @@ class EventRecorder:
         """Write Events; one that cannot be written is logged, never undoes or fails the action."""
         for event in events:
             try:
-                await self._cluster.record_event(
+                await self._sink.record_event(
                     node=node, reason=event.reason, message=event.message, type_=event.type
                 )
             except BackendUnavailable as exc:

@@ -19,7 +19,7 @@ from typing import Literal
 
 from remediator.actuators.nodes import done
 from remediator.audit import DecisionRecord
-from remediator.cluster import Cluster, Node
+from remediator.cluster import Node, NodeWrites
 from remediator.desired.firing import FiringSet
 from remediator.evidence.bundle import ANNOTATION, FetchResult, build_capture, encode, remediator_version
 from remediator.evidence.fetch import EvidenceFetcher
@@ -47,7 +47,7 @@ class EvidenceActuator:
         *,
         fetcher: EvidenceFetcher | None,
         store: EvidenceStore | None,
-        cluster: Cluster,
+        nodes: NodeWrites,
         gates: Gates,
         firing: FiringSet,
         history: Callable[[str], Sequence[DecisionRecord]],
@@ -56,7 +56,7 @@ class EvidenceActuator:
     ) -> None:
         self._fetcher = fetcher
         self._store = store
-        self._cluster = cluster
+        self._cluster = nodes
         self._gates = gates
         self._firing = firing
         self._history = history

@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from remediator.cluster import Cluster, Node, NodeCondition, Taint
+from remediator.cluster import EventSink, Node, NodeCondition, NodeWrites, Taint
 from remediator.desired.firing import FiringSet
 from remediator.gates.gates import Gates
 from remediator.lifecycle.model import ActionResult, Context
@@ -33,7 +33,8 @@ class NodeActuator:
     def __init__(
         self,
         *,
-        cluster: Cluster,
+        nodes: NodeWrites,
+        events: EventSink,
         view: NodeView,
         gates: Gates,
         firing: FiringSet,
@@ -42,7 +43,8 @@ class NodeActuator:
         clock: Callable[[], float],
         quarantine: Quarantine | None = None,
     ) -> None:
-        self._cluster = cluster
+        self._cluster = nodes
+        self._events = events
         self._view = view
         self._gates = gates
         self._firing = firing
@@ -243,7 +245,7 @@ class NodeActuator:
         if (held := self._gates.check(ctx, "event", ctx.node_name)) is not None:
             return held
         if not ctx.dry_run:
-            await self._cluster.record_event(
+            await self._events.record_event(
                 node=ctx.node_name, reason=alertname, message=message, type_=type_
             )
         self._gates.commit(ctx, "event", ctx.node_name)

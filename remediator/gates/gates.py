@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
-from remediator.cluster import Cluster, Node, StateConflict
+from remediator.cluster import GatesStore, Node, StateConflict
 from remediator.gates.safety import (
     DisruptionBudget,
     Hold,
@@ -35,8 +35,8 @@ class LatchStore:
     change being made, write again.
     """
 
-    def __init__(self, *, cluster: Cluster, clock: Callable[[], float]) -> None:
-        self._cluster = cluster
+    def __init__(self, *, store: GatesStore, clock: Callable[[], float]) -> None:
+        self._cluster = store
         self._clock = clock
         self.writes = 0
         """Documents written (a metric for tests and benchmarks)."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from remediator.actuators.drainplan import plan_drain
 from remediator.audit import Outcome
-from remediator.cluster import BackendUnavailable, Cluster, DrainOutcome, DrainSettings, Node
+from remediator.cluster import BackendUnavailable, DrainOutcome, Drains, DrainSettings, Node
 from remediator.gates.gates import Gates
 from remediator.lifecycle.model import ActionResult, Context, RunningDrain
 from remediator.lifecycle.record import DRAIN_STATUS, Episode, RecordChange, episode_start
@@ -96,7 +96,7 @@ class DrainRunner:
     def __init__(
         self,
         *,
-        cluster: Cluster,
+        cluster: Drains,
         gates: Gates,
         view: NodeView,
         settings: DrainSettings,

@@ -86,12 +86,12 @@ class Engine:
         values = taint_values(policy.rules)
         self.view = NodeView(cluster=cluster, taints=values)
         self.gates = Gates(policy=policy, clock=clock, dry_run=settings.dry_run)
-        self.latches = LatchStore(cluster=cluster, clock=clock)
+        self.latches = LatchStore(store=cluster, clock=clock)
         self.firing = FiringSet(clock=clock, expiry_seconds=policy.safety.alert_expiry_seconds)
         """The desired state: the alerts firing now, per node."""
         self.decided = Decided()
         self.decisions = Decisions(log=log if log is not None else DecisionLog(), clock=clock)
-        self.events = EventRecorder(cluster=cluster, mode=policy.events, seen=self.decided.first)
+        self.events = EventRecorder(sink=cluster, mode=policy.events, seen=self.decided.first)
         self.drains = DrainRunner(
             cluster=cluster,
             gates=self.gates,
@@ -101,7 +101,8 @@ class Engine:
             lock=self.queue.lock,
         )
         actuator = NodeActuator(
-            cluster=cluster,
+            nodes=cluster,
+            events=cluster,
             view=self.view,
             gates=self.gates,
             firing=self.firing,
@@ -118,11 +119,11 @@ class Engine:
             firing=self.firing,
             events=self.events,
             nodes=actuator,
-            aws=AwsActuator(aws=aws, cluster=cluster, gates=self.gates, clock=clock),
+            aws=AwsActuator(aws=aws, nodes=cluster, gates=self.gates, clock=clock),
             evidence=EvidenceActuator(
                 fetcher=evidence_fetcher,
                 store=evidence_store,
-                cluster=cluster,
+                nodes=cluster,
                 gates=self.gates,
                 firing=self.firing,
                 history=self._history,

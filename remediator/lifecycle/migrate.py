@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
-from remediator.cluster import Cluster, Node
+from remediator.cluster import GatesStore, Node, NodeWrites
 from remediator.gates.state import GATES_VERSION, StateError
 from remediator.lifecycle.record import (
     CORDONED_BY,
@@ -107,7 +107,11 @@ def _causes(doc: Mapping[str, Any]) -> dict[str, list[tuple[str, str, str, str]]
     return out
 
 
-async def migrate_legacy_state(*, cluster: Cluster, policy: Policy, nodes: Sequence[Node]) -> bool:
+class LegacyStores(GatesStore, NodeWrites, Protocol):
+    """What the move needs: the older document and the gates (GatesStore), and the nodes' records."""
+
+
+async def migrate_legacy_state(*, cluster: LegacyStores, policy: Policy, nodes: Sequence[Node]) -> bool:
     """Move an older release's document onto the nodes and delete it; True when it wrote anything.
     Not called in dry-run (a dry run writes nothing)."""
     try:

@@ -71,7 +71,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exporter.checks.fanout import run_checks
 from remediator.audit import DecisionRecord, Outcome
-from remediator.cluster import BackendUnavailable, Cluster, Node, NodeCondition, Taint
+from remediator.cluster import (
+    BackendUnavailable,
+    Drains,
+    EventSink,
+    Node,
+    NodeCondition,
+    NodeReads,
+    NodeWrites,
+    QuarantineStore,
+    Taint,
+)
 from remediator.desired.firing import Cause
 from remediator.lifecycle.record import RecordChange, owned_taints, taint_id
 from remediator.lifecycle.record import read as read_record
@@ -178,7 +188,7 @@ class ExporterChecks:
 
 
 def exporter_pod_endpoint(
-    cluster: Cluster,
+    cluster: Drains,
     *,
     label: str = "app.kubernetes.io/name=accel-health-exporter",
     port: int = 9835,
@@ -421,6 +431,10 @@ OWN_ACTIONS = frozenset({"return_to_pool", "quarantine", "escalate", "verify", "
 """The actions of the loop's own decision records."""
 
 
+class RepairCluster(NodeReads, NodeWrites, EventSink, QuarantineStore, Protocol):
+    """What the repair loop reads and writes: the nodes, their Events, the durable quarantine copies."""
+
+
 class RepairLoop:
     """Brings repaired, verified nodes back to the pool. One per service, on the leader."""
 
@@ -428,7 +442,7 @@ class RepairLoop:
         self,
         *,
         policy: Policy,
-        cluster: Cluster,
+        cluster: RepairCluster,
         verifier: Verifier,
         firing: Callable[[str], Sequence[Cause]],
         publish: Callable[[DecisionRecord], None],

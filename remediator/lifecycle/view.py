@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from remediator.cluster import Cluster, Node, Taint
+from remediator.cluster import Node, NodeReads, Taint
 from remediator.gates.safety import Hold
 from remediator.lifecycle.record import (
     CORDONED_AT,
@@ -68,7 +68,7 @@ class NodeView:
     def __init__(
         self,
         *,
-        cluster: Cluster,
+        cluster: NodeReads,
         taints: Mapping[tuple[str, str], frozenset[str]] | None = None,
         manager: str = MANAGER,
     ) -> None:
