@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from examples.pipeline import free_port
+from remediator import fleet_cli
 from remediator.cli import main
 from remediator.executors.snapshot import SnapshotCluster, SnapshotError
 from tests.remediator.conftest import PAYLOADS, SNAPSHOT
@@ -218,3 +219,41 @@ def test_serve_speaks_tls_with_basic_auth_and_can_start_paused(tmp_path: Path) -
             proc.communicate()
     assert proc.returncode == 0
     assert f"listening on 127.0.0.1:{port} (https)" in err
+
+
+def test_the_operators_command_explains_and_pauses_and_resumes_the_running_remediator(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        fleet_cli.main(
+            ["explain", "--alerts", str(PAYLOADS / "gpu-fatal-xid.json"), "--cluster-snapshot", str(SNAPSHOT)]
+        )
+        == 0
+    )
+    assert "rule 'drain' (rules[0]) matched" in capsys.readouterr().out
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "remediator.cli", f"--listen=127.0.0.1:{port}",
+         f"--cluster-snapshot={SNAPSHOT}", f"--token-file={token}"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(port, proc=proc)
+        switch = ["--remediator", url, "--token-file", str(token)]
+        assert fleet_cli.main(["pause", *switch, "--reason", "rack r2 maintenance"]) == 0
+        assert capsys.readouterr().out == "remediator paused\n"
+        state = json.loads(_get(port, "/state", auth="Bearer s3cret")[1])
+        assert (state["paused"], state["pause_reason"]) == (True, "rack r2 maintenance")
+        assert fleet_cli.main(["resume", *switch]) == 0
+        assert capsys.readouterr().out == "remediator acting\n"
+        assert fleet_cli.main(["resume", *switch]) == 0
+        assert capsys.readouterr().out == "remediator acting (it was already)\n"
+        assert fleet_cli.main(["pause", "--remediator", url]) == 1  # no token: refused, said so
+        assert "answered 401" in capsys.readouterr().err
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
