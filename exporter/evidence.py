@@ -276,6 +276,9 @@ class EvidenceStore:
         """pci_bus_id -> the GPU's identity fields as last known (a lost GPU's serial stays known)."""
         self._dirty = False
         self._saved_at = -float("inf")
+        self._generation = 0
+        """Counts the states built for saving (under the lock): a save older than the one written
+        last is dropped (exporter/statefile.py)."""
 
     # -- receiving ------------------------------------------------------------------------------------
 
@@ -388,17 +391,22 @@ class EvidenceStore:
                 return True
             if not force and now - self._saved_at < self.save_interval:
                 return False
-            state = {
-                "boot_id": self.boot_id,
-                "version": _STATE_VERSION,
-                "last_seq": self._last_seq,
-                **self._records.to_state(),
-                "link_downed": dict(self._link_downed),
-                "gpus": list(self._gpus.values()),
-            }
+            self._generation += 1
+            generation = self._generation
+            text = json.dumps(
+                {
+                    "boot_id": self.boot_id,
+                    "version": _STATE_VERSION,
+                    "last_seq": self._last_seq,
+                    **self._records.to_state(),
+                    "link_downed": dict(self._link_downed),
+                    "gpus": list(self._gpus.values()),
+                },
+                separators=(",", ":"),
+            )
             self._dirty = False
             self._saved_at = now
-        if not self._file.write(json.dumps(state, separators=(",", ":"))):
+        if not self._file.write(text, generation=generation):
             with self._lock:
                 self._dirty = True
             return False
@@ -591,4 +599,8 @@ class EvidenceEndpoint:
         except ValueError as exc:
             return HTTPStatus.BAD_REQUEST, encode_document({"error": f"malformed query: {exc}"})
         refresh = any(key == "refresh" and value not in ("", "0", "false") for key, value in fields)
-        return HTTPStatus.OK, encode_document(evidence_document(self.store, self.sources, refresh=refresh))
+        document = evidence_document(self.store, self.sources, refresh=refresh)
+        # What was served is on disk before it is answered: an exporter killed a moment later keeps
+        # at least what the remediator stored as the node's evidence.
+        self.store.flush()
+        return HTTPStatus.OK, encode_document(document)

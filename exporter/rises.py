@@ -75,10 +75,8 @@ class CounterRises:
         """This boot's id; None when there is no state directory or it cannot be read (then nothing is
         saved or loaded)."""
         self._lock = threading.Lock()
-        self._save_lock = threading.Lock()
         self._generation = 0
         """Counts the changes; a state is written only when newer than the one written last."""
-        self._written = 0
         self._last: dict[Key, int] = {}
         self._rises: dict[Key, int] = {}
         self._newest_read = -float("inf")
@@ -147,14 +145,9 @@ class CounterRises:
         }
 
     def _save(self, generation: int, state: Mapping[str, object]) -> None:
-        """Writes ``state`` atomically (a temporary file renamed over the old one) unless a newer one
-        was written already (two scrapes read at once); a failure is logged once and leaves the counts
-        in memory, to be written with the next change."""
+        """Writes ``state`` atomically unless a newer one was written already (two scrapes read at
+        once; exporter/statefile.py); a failure is logged once and leaves the counts in memory, to be
+        written with the next change."""
         if self._file is None or self.boot_id is None:
             return
-        with self._save_lock:
-            if generation <= self._written:
-                return
-            if not self._file.write(json.dumps(state, separators=(",", ":"))):
-                return
-            self._written = generation
+        self._file.write(json.dumps(state, separators=(",", ":")), generation=generation)

@@ -27,7 +27,7 @@ from exporter.collectors.neuron import neuron_metrics
 from exporter.collectors.nvml import nvml_identity_metrics, nvml_metrics, nvml_xid_metrics
 from exporter.collectors.pci import pci_metrics
 from exporter.evidence import EvidenceStore
-from exporter.metric import CollectorRegistry, Metric
+from exporter.metric import CollectorRegistry, CounterMetricFamily, Metric
 from exporter.paths import FAST_INFINIBAND_COUNTERS, PathCollector, ScrapePath
 from exporter.readers.kmsg import BOOT_ID_PATH, KmsgFollower
 from exporter.readers.nvml import DEFAULT_TIMEOUT, NvmlReader
@@ -40,6 +40,7 @@ from exporter.readers.sysfs import (
     read_pci_accelerators,
 )
 from exporter.rises import CounterRises
+from exporter.statefile import damaged_counts
 
 NvmlMode = Literal["auto", "on", "off"]
 
@@ -148,7 +149,7 @@ def build_sources(
                 raise SourceUnavailableError(snapshot.error)
             families = kmsg_metrics(snapshot, gpu_indices=pci_state.gpu_indices)
             xids.record(published=True)
-            return families
+            return [*families, *state_file_metrics()]
 
         sources.insert(1, Source("kmsg", collect_kmsg))
     if nvml is not None:
@@ -174,6 +175,23 @@ def build_sources(
 
         sources.append(Source("nvml", collect_nvml))
     return sources
+
+
+def state_file_metrics() -> list[Metric]:
+    """``accel_exporter_state_file_damaged_total{file}``: reads of a state file (``--state-dir``) that
+    found it damaged, this process; the family appears with the first damaged read."""
+    damaged = damaged_counts()
+    if not damaged:
+        return []
+    family = CounterMetricFamily(
+        "accel_exporter_state_file_damaged",
+        "Reads of a state file in --state-dir that found it damaged (not JSON, cut short, malformed); "
+        "the store went on without it.",
+        labels=["file"],
+    )
+    for name, count in sorted(damaged.items()):
+        family.add_metric([name], count)
+    return [family]
 
 
 def _infiniband_source(

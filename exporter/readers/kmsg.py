@@ -712,12 +712,13 @@ class KmsgStateStore:
         )
         return tally
 
-    def save(self, state: Mapping[str, object]) -> bool:
-        """Writes ``state`` (:meth:`KmsgTally.to_state`) for this boot; False (logged once) on failure."""
+    def save(self, state: Mapping[str, object], *, generation: int | None = None) -> bool:
+        """Writes ``state`` (:meth:`KmsgTally.to_state`) for this boot unless a newer ``generation``
+        was written already; False (logged once) on failure."""
         boot_id = self._current_boot()
         if boot_id is None:
             return False
-        return self._file.write(json.dumps({"boot_id": boot_id, **state}))
+        return self._file.write(json.dumps({"boot_id": boot_id, **state}), generation=generation)
 
 
 _DEVICE_READ_SIZE = 16384
@@ -794,7 +795,9 @@ class KmsgFollower:
             state = self._tally.to_state()
         if self.sink is not None:
             self.sink.flush()  # first: saved evidence may run ahead of the saved counts, never behind
-        if self.state_store.save(state):
+        # The follower's thread and stop() may save at once: the progress (records and gaps, which
+        # only grow) orders their states.
+        if self.state_store.save(state, generation=progress[0] + progress[1]):
             self._saved_progress, self._saved_at = progress, now
 
     def snapshot(self) -> KmsgSnapshot:
