@@ -369,6 +369,9 @@ class EvidenceStore:
             last_seq = state.get("last_seq")
             link_downed = {str(k): int(v) for k, v in dict(state.get("link_downed", {})).items()}
             gpus = {str(gpu["pci_bus_id"]): dict(gpu) for gpu in list(state.get("gpus", []))}
+            boot_time = state.get("boot_time")
+            if boot_time is not None and not isinstance(boot_time, (int, float)):
+                raise ValueError(f"boot_time {boot_time!r} is not a number")
         except (ValueError, TypeError, KeyError) as exc:
             self._file.malformed(exc)
             return False
@@ -377,6 +380,11 @@ class EvidenceStore:
             self._last_seq = last_seq if isinstance(last_seq, int) else None
             self._link_downed = link_downed
             self._gpus = gpus
+            if boot_time is not None:
+                # The boot's time as the first exporter of this boot computed it: a record's time is
+                # the same in every /evidence of the boot, not off by the microsecond that two
+                # processes' reading of the two clocks differs by.
+                self.boot_time = float(boot_time)
         logger.info("evidence: resuming this boot's %d record groups from %s", len(records.groups), self.path)
         return True
 
@@ -398,6 +406,7 @@ class EvidenceStore:
                     "boot_id": self.boot_id,
                     "version": _STATE_VERSION,
                     "last_seq": self._last_seq,
+                    "boot_time": self.boot_time,
                     **self._records.to_state(),
                     "link_downed": dict(self._link_downed),
                     "gpus": list(self._gpus.values()),
