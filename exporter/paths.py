@@ -65,6 +65,7 @@ FAST: Mapping[str, RowFilter] = {
     "accel_gpu_remapped_rows_failure": None,
     # InfiniBand: the rises of the counters whose first increase cordons (from the first rise).
     "accel_infiniband_port_events_seen_total": None,
+    "accel_infiniband_port_events_last_rise_age_seconds": None,
 }
 """Series name -> which of its series are on the fast path (every one when None)."""
 

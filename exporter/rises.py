@@ -17,6 +17,12 @@ The raw counters stay on the slow path for the dashboards and the slower rules.
 - With a state directory (the exporter's hostPath) the last readings and the rises survive an exporter
   restart within the boot: a rise while no exporter ran is counted at the first reading after it.
   State saved in another boot is ignored (the counters started again), and so are unreadable files.
+- When each counter last rose is kept too, on the system's monotonic clock (CLOCK_MONOTONIC: seconds
+  since this boot, the same for every process of the boot, so it survives a restart with the state):
+  ``accel_infiniband_port_events_last_rise_age_seconds{device, port, counter}`` is how long ago, at
+  the scrape. "Rose within the last 10 minutes" is then an instant comparison that needs no history in
+  Prometheus and cannot reach into another boot (a rise of the previous boot is not in this boot's
+  state) or depend on the node's wall clock.
 
 Everything here is raw: the rules decide what a rise means and for how long (alerts/infiniband.yaml).
 """
@@ -27,7 +33,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from exporter.readers.kmsg import BOOT_ID_PATH, read_boot_id
@@ -60,9 +66,15 @@ class CounterRises:
     path read the ports concurrently and hand each reading here)."""
 
     def __init__(
-        self, counters: Iterable[str], *, directory: Path | None, boot_id_path: Path = BOOT_ID_PATH
+        self,
+        counters: Iterable[str],
+        *,
+        directory: Path | None,
+        boot_id_path: Path = BOOT_ID_PATH,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.counters = frozenset(counters)
+        self._monotonic = monotonic
         self.path = None if directory is None else directory / STATE_FILE_NAME
         self._file = (
             None
@@ -79,6 +91,8 @@ class CounterRises:
         """Counts the changes; a state is written only when newer than the one written last."""
         self._last: dict[Key, int] = {}
         self._rises: dict[Key, int] = {}
+        self._risen_at: dict[Key, float] = {}
+        """When each counter last rose: the monotonic time of the reading that saw it (this boot)."""
         self._newest_read = -float("inf")
         """When the newest reading taken into account began (monotonic seconds)."""
 
@@ -92,12 +106,17 @@ class CounterRises:
         try:
             last = {_key(str(name)): int(value) for name, value in dict(state["last"]).items()}
             rises = {_key(str(name)): int(value) for name, value in dict(state["rises"]).items()}
+            # Kept from the version that added it; a rise of an older state has no known time and
+            # counts as long ago (its alert had its 10 minutes before the restart, or nearly).
+            kept = dict(state.get("risen_at", {}))
+            risen_at = {_key(str(name)): float(value) for name, value in kept.items()}
         except (ValueError, TypeError, KeyError) as exc:
             self._file.malformed(exc)
             return False
         with self._lock:
             self._last = dict(list(last.items())[:MAX_KEYS])
             self._rises = {key: value for key, value in rises.items() if key in self._last and value > 0}
+            self._risen_at = {key: value for key, value in risen_at.items() if key in self._rises}
         logger.info("infiniband: resuming this boot's counter readings from %s", self.path)
         return True
 
@@ -110,7 +129,7 @@ class CounterRises:
         which the newer value would count as a rise a second time."""
         changed = False
         with self._lock:
-            begun = time.monotonic() if read_at is None else read_at
+            begun = self._monotonic() if read_at is None else read_at
             stale = begun < self._newest_read
             self._newest_read = max(self._newest_read, begun)
             last, rises = self._last, self._rises
@@ -128,6 +147,7 @@ class CounterRises:
                     changed = True
                     if before is not None and value > before:
                         rises[key] = rises.get(key, 0) + value - before
+                        self._risen_at[key] = begun
             found = dict(rises)
             if changed:
                 self._generation += 1
@@ -142,7 +162,15 @@ class CounterRises:
             "version": _STATE_VERSION,
             "last": {_name(key): value for key, value in self._last.items()},
             "rises": {_name(key): value for key, value in self._rises.items()},
+            "risen_at": {_name(key): value for key, value in self._risen_at.items()},
         }
+
+    def ages(self, now: float | None = None) -> dict[Key, float]:
+        """Seconds since each counter last rose (those with a known time), at ``now`` (monotonic;
+        None: now); never below 0."""
+        with self._lock:
+            at = self._monotonic() if now is None else now
+            return {key: max(0.0, at - risen) for key, risen in self._risen_at.items()}
 
     def _save(self, generation: int, state: Mapping[str, object]) -> None:
         """Writes ``state`` atomically unless a newer one was written already (two scrapes read at

@@ -207,7 +207,8 @@ def _infiniband_source(
         if evidence is not None:
             evidence.observe_infiniband(ports)
         seen = watched.observe(ports, read_at=begun)
-        return infiniband_metrics(() if brief else read_infiniband_devices(root), ports, seen, brief=brief)
+        devices = () if brief else read_infiniband_devices(root)
+        return infiniband_metrics(devices, ports, seen, ages=watched.ages(), brief=brief)
 
     return Source("infiniband", collect_infiniband)
 

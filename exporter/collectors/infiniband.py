@@ -4,7 +4,9 @@ Counter names: ``accel_infiniband_port_<counter>_total``, with a leading ``port_
 dropped (``port_rcv_errors`` -> ``accel_infiniband_port_rcv_errors_total``) and ``_bytes`` added to the
 data counters, which are exported in bytes (``accel_infiniband_port_rcv_data_bytes_total``).
 ``accel_infiniband_port_events_seen_total{device, port, counter}``: the rises of the counters whose
-first increase cordons, as :class:`exporter.rises.CounterRises` saw them (a series once there was one).
+first increase cordons, as :class:`exporter.rises.CounterRises` saw them (a series once there was one),
+and ``accel_infiniband_port_events_last_rise_age_seconds{device, port, counter}``, how long ago each
+last rose (this boot, on the monotonic clock).
 """
 
 from __future__ import annotations
@@ -56,6 +58,13 @@ EVENTS_SEEN = FamilySpec(
     "counter",
     (*_PORT, "counter"),
 )
+LAST_RISE_AGE = FamilySpec(
+    "accel_infiniband_port_events_last_rise_age_seconds",
+    "Seconds since the exporter last saw the port's counter rise, this boot (the system's monotonic "
+    "clock, so neither another boot nor the node's wall clock enters it). A series once it rose.",
+    "gauge",
+    (*_PORT, "counter"),
+)
 _COUNTERS: dict[str, FamilySpec] = {}
 """sysfs counter file name -> its family's spec, made on first sight (a few dozen names at most)."""
 
@@ -87,10 +96,11 @@ def infiniband_metrics(
     ports: Sequence[InfinibandPort],
     seen: Mapping[Key, int],
     *,
+    ages: Mapping[Key, float] | None = None,
     brief: bool = False,
 ) -> list[Metric]:
-    """Metric families for the adapters and ports found, and the counters' rises ``seen``; ``brief``:
-    the rises only (the fast path's).
+    """Metric families for the adapters and ports found, the counters' rises ``seen`` and the seconds
+    since each last rose (``ages``); ``brief``: the rises and their ages only (the fast path's).
 
     Families come from specs made once (per counter name), so a port's label sets are rendered once
     per process, not once per scrape (see :class:`exporter.exposition.FamilySpec`).
@@ -98,8 +108,11 @@ def infiniband_metrics(
     events = EVENTS_SEEN.family()
     for key, value in sorted(seen.items()):
         events.add(key, value)
+    age = LAST_RISE_AGE.family()
+    for key, seconds in sorted((ages or {}).items()):
+        age.add(key, round(seconds, 3))
     if brief:
-        return [events]
+        return [events, age]
     device_info = DEVICE_INFO.family()
     for device in devices:
         device_info.add((device.device, device.fw_ver, device.board_id, device.hca_type), 1)
@@ -132,4 +145,5 @@ def infiniband_metrics(
         *(counters[name] for name in sorted(counters)),
         hw_counters,
         events,
+        age,
     ]

@@ -4,8 +4,10 @@ real exporter serving them on its fast path and keeping them across a restart.""
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +21,7 @@ from exporter.rises import STATE_FILE_NAME, CounterRises
 from tests.exporter.helpers import GPU_NODE, Running, spawn_exporter, wait_until
 
 EVENTS = "accel_infiniband_port_events_seen_total"
+AGE = "accel_infiniband_port_events_last_rise_age_seconds"
 
 
 def port(device: str = "mlx5_0", number: str = "1", **counters: int) -> InfinibandPort:
@@ -94,6 +97,71 @@ def test_a_restart_within_the_boot_counts_a_rise_it_missed_and_nothing_twice(
     assert third.observe([port(link_downed=3)]) == {("mlx5_0", "1", "link_downed"): 2}
 
 
+class Clock:
+    """The system's monotonic clock, as every exporter process of one boot reads it."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_age_of_the_newest_rise_survives_a_restart_within_the_boot_and_not_a_reboot(
+    tmp_path: Path, boot_id: Path
+) -> None:
+    clock = Clock(1000.0)
+    state = tmp_path / "state"
+    key = ("mlx5_0", "1", "link_downed")
+    first = CounterRises(FAST_INFINIBAND_COUNTERS, directory=state, boot_id_path=boot_id, monotonic=clock)
+    first.observe([port(link_downed=4)])
+    assert first.ages() == {}  # history has no time
+    clock.now = 1010.0
+    first.observe([port(link_downed=5)])
+    clock.now = 1100.0
+    assert first.ages() == {key: 90.0}
+    clock.now = 1200.0
+    first.observe([port(link_downed=7)])  # a second rise: the age starts again
+    assert first.ages(now=1230.0) == {key: 30.0}
+
+    # The exporter restarts in the same boot: the rise keeps its time (the same monotonic clock).
+    clock.now = 1500.0
+    second = CounterRises(FAST_INFINIBAND_COUNTERS, directory=state, boot_id_path=boot_id, monotonic=clock)
+    assert second.load()
+    assert second.ages() == {key: 300.0}
+    second.observe([port(link_downed=7)])  # no rise: unchanged
+    assert second.ages() == {key: 300.0}
+
+    # A reboot: the previous boot's rises have no age in the new one (and the clock starts again).
+    boot_id.write_text("6a1c0a43-0000-4000-8000-000000000002\n")
+    clock.now = 40.0
+    third = CounterRises(FAST_INFINIBAND_COUNTERS, directory=state, boot_id_path=boot_id, monotonic=clock)
+    assert not third.load()
+    third.observe([port(link_downed=0)])
+    assert third.ages() == {}
+
+
+def test_a_state_written_before_ages_were_kept_resumes_its_rises_without_an_age(
+    tmp_path: Path, boot_id: Path
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / STATE_FILE_NAME).write_text(
+        json.dumps(
+            {
+                "boot_id": boot_id.read_text().strip(),
+                "version": 1,
+                "last": {"mlx5_0/1/link_downed": 3},
+                "rises": {"mlx5_0/1/link_downed": 2},
+            }
+        )
+    )
+    resumed = rises(state, boot_id)
+    assert resumed.load()
+    assert resumed.observe([port(link_downed=3)]) == {("mlx5_0", "1", "link_downed"): 2}
+    assert resumed.ages() == {}  # a rise of unknown time is not "within the last 10 minutes"
+
+
 def test_state_from_another_boot_or_unreadable_is_ignored(
     tmp_path: Path, boot_id: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -136,14 +204,14 @@ def node(tmp_path: Path) -> Path:
     return root
 
 
-def _fast(running: Running) -> dict[tuple[str, str, str], float]:
+def _fast(running: Running, name: str = EVENTS) -> dict[tuple[str, str, str], float]:
     with urllib.request.urlopen(running.url + "/metrics/fast", timeout=5) as response:  # noqa: S310 -- loopback URL
         body = response.read().decode()
     return {
         (s.labels["device"], s.labels["port"], s.labels["counter"]): s.value
         for family in text_string_to_metric_families(body)
         for s in family.samples
-        if s.name == EVENTS
+        if s.name == name
     }
 
 
@@ -171,16 +239,22 @@ def test_the_exporter_serves_a_link_down_on_its_fast_path_and_keeps_it_across_a_
     started.append(spawn_exporter(kmsg=kmsg, sysfs_root=node, log=log, flags=flags))
     assert _fast(started[-1]) == {}  # a healthy node: no series at all
     link_downed.write_text(f"{baseline + 1}\n")
+    first_rise = time.monotonic()
     assert wait_until(lambda: _fast(started[-1]) == {("mlx5_2", "1", "link_downed"): 1}, timeout=5)
+    assert set(_fast(started[-1], AGE)) == {("mlx5_2", "1", "link_downed")}
 
     started[-1].process.terminate()
     started[-1].process.wait(timeout=10)
     link_downed.write_text(f"{baseline + 3}\n")  # two more while no exporter ran
     started.append(spawn_exporter(kmsg=kmsg, sysfs_root=node, log=log, flags=flags))
     assert _fast(started[-1]) == {("mlx5_2", "1", "link_downed"): 3}
+    # The rises while it was away were seen at its first reading, after the first rise: newer.
+    (age,) = _fast(started[-1], AGE).values()
+    assert 0 <= age < time.monotonic() - first_rise
     # The raw counter itself is on the slow path, with the adapter's own value.
     url = started[-1].url + "/metrics/slow"
     with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 -- loopback URL
         slow = response.read().decode()
     assert f'accel_infiniband_port_link_downed_total{{device="mlx5_2",port="1"}} {baseline + 3}' in slow
     assert EVENTS not in slow
+    assert AGE not in slow
