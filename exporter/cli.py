@@ -26,6 +26,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from exporter.auth import BearerToken
+from exporter.collectors.boot import BootCollector
 from exporter.collectors.framework import Source, SourcesCollector
 from exporter.evidence import EvidenceEndpoint, EvidenceSources, EvidenceStore, check_summary
 from exporter.exposition import CONTENT_TYPE, generate_text
@@ -312,6 +313,9 @@ def _handler(
     collector = SourcesCollector(sources)  # one, so a source going down is logged once
     full.register(collector)
     slow.register(PathCollector(collector, "slow"))
+    boot = BootCollector(boot_id=store.boot_id, boot_time=store.boot_time)
+    full.register(boot)
+    slow.register(boot)
     return make_handler(full, endpoint, fast=build_registry(brief, "fast"), slow=slow, evidence=evidence)
 
 

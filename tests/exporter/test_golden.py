@@ -37,10 +37,13 @@ FAULTS = {
     ],
 }
 _DURATION = re.compile(r"^(accel_exporter_collector_duration_seconds\{[^}]*\}) .*$", re.MULTILINE)
+_BOOT = re.compile(r'^accel_node_boot_time_seconds\{boot_id="[^"]*"\} .*$', re.MULTILINE)
 
 
 def normalise(exposition: str) -> str:
-    """The exposition with the only varying values, collector durations, set to 0."""
+    """The exposition with the only varying values, collector durations and the machine's boot, set
+    to 0 and ``BOOT``."""
+    exposition = _BOOT.sub('accel_node_boot_time_seconds{boot_id="BOOT"} 0.0', exposition)
     return _DURATION.sub(r"\1 0.0", exposition)
 
 

@@ -215,6 +215,17 @@ def _fast(running: Running, name: str = EVENTS) -> dict[tuple[str, str, str], fl
     }
 
 
+def _boot(running: Running) -> dict[str, float]:
+    with urllib.request.urlopen(running.url + "/metrics/slow", timeout=5) as response:  # noqa: S310 -- loopback URL
+        body = response.read().decode()
+    return {
+        s.labels["boot_id"]: s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+        if s.name == "accel_node_boot_time_seconds"
+    }
+
+
 @pytest.fixture
 def exporter(tmp_path: Path, node: Path) -> Iterator[tuple[Path, list[Running]]]:
     started: list[Running] = []
@@ -238,6 +249,8 @@ def test_the_exporter_serves_a_link_down_on_its_fast_path_and_keeps_it_across_a_
 
     started.append(spawn_exporter(kmsg=kmsg, sysfs_root=node, log=log, flags=flags))
     assert _fast(started[-1]) == {}  # a healthy node: no series at all
+    boot = _boot(started[-1])
+    assert list(boot) == [Path("/proc/sys/kernel/random/boot_id").read_text().strip()]
     link_downed.write_text(f"{baseline + 1}\n")
     first_rise = time.monotonic()
     assert wait_until(lambda: _fast(started[-1]) == {("mlx5_2", "1", "link_downed"): 1}, timeout=5)
@@ -258,3 +271,5 @@ def test_the_exporter_serves_a_link_down_on_its_fast_path_and_keeps_it_across_a_
     assert f'accel_infiniband_port_link_downed_total{{device="mlx5_2",port="1"}} {baseline + 3}' in slow
     assert EVENTS not in slow
     assert AGE not in slow
+    # The boot the rules scope the slow counters by: the same id and time after the restart.
+    assert _boot(started[-1]) == boot
