@@ -287,8 +287,11 @@ def _kernel_log(settings: ExporterSettings) -> tuple[KmsgFollower, EvidenceStore
         else KmsgStateStore(settings.state_dir, boot_id_path=settings.boot_id_path)
     )
     evidence = EvidenceStore(directory=settings.state_dir, boot_id_path=settings.boot_id_path)
-    evidence.load()
-    return KmsgFollower(settings.kmsg_path, state_store=store, sink=evidence), evidence
+    # Evidence that cannot be resumed (its file damaged or gone) while the counts are: the records
+    # the ring buffer still holds are taken again from it.
+    resumed = evidence.load()
+    follower = KmsgFollower(settings.kmsg_path, state_store=store, sink=evidence, replay=not resumed)
+    return follower, evidence
 
 
 def _handler(

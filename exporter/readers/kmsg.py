@@ -464,6 +464,12 @@ class KmsgTally:
         self._uuids: dict[str, str] = {}
         self.sink: FaultSink | None = None
         """Where each counted fault record goes with its raw line (the evidence store); None: nowhere."""
+        self.replay = False
+        """Hand the sink again the fault records counted before (a re-read of the ring buffer after a
+        restart that resumed the counts): the evidence of this boot was lost (its file damaged or
+        gone) while the counts were kept. The sink takes each record once (by sequence number)."""
+        self._replay_decoder = KmsgDecoder()
+        self._replay_fallen: set[str] = set()
 
     def add_lines(self, lines: Iterable[str]) -> None:
         """Adds records one line at a time; lines starting with a space continue the previous record."""
@@ -478,6 +484,8 @@ class KmsgTally:
                 if last_seq is not None and seq <= last_seq:
                     # Counted before: a re-read after a restart that resumed from saved state.
                     skipping = True
+                    if self.replay and self.sink is not None:
+                        self._witness_again(fields, message)
                     continue
                 skipping = False
                 # The first record's number says how many went before it (from 0 at boot).
@@ -553,6 +561,29 @@ class KmsgTally:
         else:
             timestamp_us = dmesg_timestamp_us(message)
         sink.fault(kind, device, code, seq=seq, timestamp_us=timestamp_us, line=message)
+
+    def _witness_again(self, fields: list[str], message: str) -> None:
+        """Hands the sink a record counted before, counting nothing (see :attr:`replay`)."""
+        if FATAL_MARK in message:
+            self._aer(fields, message)
+            return
+        if "NVRM" not in message and "SXid" not in message and "NEURON_HW_ERR" not in message:
+            return
+        match self._replay_decoder.feed(message):
+            case XidEvent(pci_bus_id=pci, xid=xid):
+                self._witness("xid", pci, str(xid), fields, message)
+            case SxidEvent(pci_bus_id=pci, sxid=sxid):
+                self._witness("sxid", pci, str(sxid), fields, message)
+            case NeuronHwErrorEvent(neuron_device=device, error=error):
+                self._witness("neuron_hw", device, error, fields, message)
+            case FallenOffBusEvent(pci_bus_id=pci):
+                if pci not in self._replay_fallen:
+                    self._replay_fallen.add(pci)
+                    self._witness("fall_off", pci, None, fields, message)
+            case GpuUuidEvent(pci_bus_id=pci):
+                self._replay_fallen.discard(pci)
+            case None:
+                pass
 
     def _aer(self, fields: list[str] | None, message: str) -> None:
         """A fatal AER line goes to the sink (the sysfs AER counters count it, not the kernel log)."""
@@ -739,6 +770,7 @@ class KmsgFollower:
         *,
         state_store: KmsgStateStore | None = None,
         sink: FaultSink | None = None,
+        replay: bool = False,
         save_interval: float = 1.0,
         poll_interval: float = 0.05,
         retry_interval: float = 5.0,
@@ -749,6 +781,10 @@ class KmsgFollower:
         self.sink = sink
         """Receives every counted fault record with its line (the evidence store); flushed before each
         state write, so saved evidence never lags the saved counts."""
+        self.replay = replay
+        """True when the sink lost what it held of this boot (no evidence to resume): the records the
+        resumed counts took before are handed to it again as the ring buffer is re-read (those the
+        ring buffer still holds)."""
         self.save_interval = save_interval
         """Seconds between state writes while records arrive (and once more on stop)."""
         self.poll_interval = poll_interval
@@ -769,6 +805,7 @@ class KmsgFollower:
             restored = self.state_store.load()
             if restored is not None:
                 restored.sink = self.sink
+                restored.replay = self.replay
                 with self._lock:
                     self._tally = restored
                     self._saved_progress = (restored.records, restored.missed)

@@ -37,7 +37,7 @@ from exporter.evidence import (
 )
 from exporter.metric import CollectorRegistry
 from exporter.paths import is_fast
-from exporter.readers.kmsg import KmsgFollower, KmsgStateStore, KmsgTally
+from exporter.readers.kmsg import KmsgFollower, KmsgSnapshot, KmsgStateStore, KmsgTally
 from exporter.readers.nvml import PynvmlReader
 from exporter.readers.sysfs import InfinibandPort
 from exporter.server import Server
@@ -253,14 +253,18 @@ def test_an_infiniband_port_whose_link_went_down_is_recorded_once_per_increase()
 # -- across restarts --------------------------------------------------------------------------------
 
 
-def _follow(kmsg: Path, state: Path, boot_id: Path, *, records: int) -> EvidenceStore:
-    """A follower and store as the exporter builds them, run until ``records`` were read, stopped."""
+def _follow(
+    kmsg: Path, state: Path, boot_id: Path, *, records: int, seen: list[KmsgSnapshot] | None = None
+) -> EvidenceStore:
+    """A follower and store as the exporter builds them (exporter/cli.py), run until ``records`` were
+    read, stopped; the follower's last snapshot appended to ``seen``."""
     store = EvidenceStore(directory=state, boot_id_path=boot_id)
-    store.load()
+    resumed = store.load()
     follower = KmsgFollower(
         kmsg,
         state_store=KmsgStateStore(state, boot_id_path=boot_id),
         sink=store,
+        replay=not resumed,
         poll_interval=0.01,
         save_interval=0.0,
     )
@@ -269,6 +273,8 @@ def _follow(kmsg: Path, state: Path, boot_id: Path, *, records: int) -> Evidence
         assert wait_until(lambda: follower.snapshot().records == records), follower.snapshot()
     finally:
         follower.stop()
+    if seen is not None:
+        seen.append(follower.snapshot())
     return store
 
 
@@ -293,6 +299,40 @@ def test_a_restart_within_the_boot_keeps_the_evidence_and_takes_no_record_twice(
 
     third = _follow(kmsg, state, boot_id, records=23)  # the same ring read again: nothing new
     assert groups(third)["xid", "0000:9d:00", "79"]["seen"] == 2
+
+
+def test_evidence_lost_while_the_counts_were_kept_is_taken_again_from_the_ring_buffer(
+    tmp_path: Path, boot_id: Path
+) -> None:
+    kmsg, state = tmp_path / "kmsg", tmp_path / "state"
+    kmsg.write_text(
+        "".join(f"6,{seq},{seq * 1000},-;usb 1-1: noise {seq}\n" for seq in range(10))
+        + f"3,10,10000,-;{XID_79}\n3,11,11000,-;{XID_79}\n"
+        + "3,12,12000,-;pcieport 0000:00:01.0: AER: Uncorrectable (Fatal) error message received "
+        "from 0000:9d:00.0\n"
+    )
+    seen: list[KmsgSnapshot] = []
+    first = _follow(kmsg, state, boot_id, records=13, seen=seen)
+    assert groups(first)["xid", "0000:9d:00", "79"]["seen"] == 2
+    before = groups(first)
+
+    # The evidence file is damaged (or deleted) while the exporter is down; the counts' file is not.
+    (state / STATE_FILE_NAME).write_text('{"boot_id": "' + BOOT_A + '", "groups": [')
+    with kmsg.open("a") as out:
+        out.write(f"3,13,13000,-;{XID_79}\n")
+    second = _follow(kmsg, state, boot_id, records=14, seen=seen)
+    # What the ring buffer still held is evidence again, the new record too, each once ...
+    xid = groups(second)["xid", "0000:9d:00", "79"]
+    assert xid["seen"] == 3
+    assert [r["seq"] for r in xid["first"]] == [10, 11, 13]
+    assert groups(second).keys() == before.keys()
+    # ... and counted once: the counts resumed from their own file, the re-read counted nothing.
+    assert sum(seen[-1].xid.values()) == 3
+
+    (state / STATE_FILE_NAME).unlink()  # gone altogether: the same
+    third = _follow(kmsg, state, boot_id, records=14, seen=seen)
+    assert groups(third)["xid", "0000:9d:00", "79"]["seen"] == 3
+    assert sum(seen[-1].xid.values()) == 3
 
 
 def test_a_new_boot_starts_with_no_evidence(tmp_path: Path, boot_id: Path) -> None:
