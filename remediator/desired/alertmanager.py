@@ -260,14 +260,20 @@ class AlertmanagerPoller:
     async def run(self) -> None:
         """Until cancelled."""
         was_ready = False
+        poked = False
         elapsed = 0.0
         interval = self.client.settings.interval_seconds
         while True:
             ready = self._ready()
-            due = self._wake.is_set() or elapsed >= interval or (ready and not was_ready)
+            if self._wake.is_set():
+                # Taken at once, ready or not: a poke left set while this replica does not lead would
+                # end every wait below at once (a busy loop until it leads); it is kept as `poked`.
+                self._wake.clear()
+                poked = True
+            due = poked or elapsed >= interval or (ready and not was_ready)
             was_ready = ready
             if ready and due:
-                self._wake.clear()
+                poked = False
                 elapsed = 0.0
                 try:
                     await self.poll_once()

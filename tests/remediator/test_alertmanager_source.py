@@ -4,6 +4,8 @@ and the `--alertmanager-*` flags refused when unusable. Real Alertmanager for wh
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from pathlib import Path
 
@@ -84,6 +86,46 @@ async def test_the_client_reads_active_and_silenced_alerts_and_marks_the_silence
     assert view.reached == (am.url,)
     assert list(view.unreachable) == ["http://127.0.0.1:9"]
     assert (poller.counters.ok, poller.counters.unreachable) == (1, 0)
+
+
+async def test_a_poke_while_not_leading_waits_for_the_lead_instead_of_spinning() -> None:
+    """A webhook (or a lost lead) pokes the poller of a replica that does not lead: it reads nothing,
+    and it does not loop at once again and again either; once it leads, the poke's read happens."""
+    client = AlertmanagerClient(AlertmanagerSettings(urls=("http://127.0.0.1:9",), interval_seconds=3600))
+    leading = False
+    looks = 0
+
+    def ready() -> bool:
+        nonlocal looks
+        looks += 1
+        return leading
+
+    reads: list[AlertmanagerView] = []
+    poller = AlertmanagerPoller(client=client, reconcile=reads.append, ready=ready, tick_seconds=3600)
+    fetched = asyncio.Event()
+
+    async def fetch() -> AlertmanagerView | None:
+        fetched.set()
+        return None
+
+    client.fetch = fetch  # type: ignore[method-assign]  # the read itself is not what is tested here
+    task = asyncio.create_task(poller.run())
+    try:
+        for _ in range(5):
+            await asyncio.sleep(0)
+        poller.poke()
+        for _ in range(200):  # the event loop's turns: a busy loop would look at the lead at each
+            await asyncio.sleep(0)
+        assert looks <= 3
+        assert not fetched.is_set()
+        leading = True
+        poller.poke()
+        await asyncio.wait_for(fetched.wait(), timeout=30)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await client.close()
 
 
 @pytest.mark.parametrize(
