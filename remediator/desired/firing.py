@@ -15,6 +15,7 @@ Alertmanager's API when it has one; the webhook deliveries that follow complete 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +65,9 @@ class Cause:
     released: bool = False
     """A human ended this episode's remediation (remediator/lifecycle/record.py): it still fires, it holds
     nothing."""
+    seen: float = 0.0
+    """When a delivery last said it fires (``time.monotonic()``): a read of Alertmanager begun before
+    that moment does not resolve it by not showing it."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -113,6 +117,7 @@ class FiringSet:
             labels=dict(labels or {}),
             starts_at=starts_at,
             released=released,
+            seen=time.monotonic(),
         )
         self._causes.setdefault(node, {})[fingerprint] = cause
         self._next_expiry = min(self._next_expiry, expires)

@@ -400,12 +400,14 @@ class Engine:
                 quiet.append(shown.alert)
         # Not shown any more: resolved (the API does not list resolved alerts, so absence is
         # all there is to tell; every member of the cluster is read, so one that restarted a
-        # moment ago and shows nothing yet is outvoted by the others).
+        # moment ago and shows nothing yet is outvoted by the others). Not an alert a delivery
+        # said fires after the read began: the answers may predate it (the next read tells).
         now = self._clock()
+        read_at = view.read_at
         resolved = [
             resolved_alert(cause.fingerprint, cause.labels, cause.starts_at, now)
             for _, cause in self.firing.all()
-            if cause.fingerprint not in view.alerts
+            if cause.fingerprint not in view.alerts and (read_at is None or cause.seen <= read_at)
         ]
         plans = [
             self.reconciler.suppressed_plan(

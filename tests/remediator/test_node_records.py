@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -478,6 +479,29 @@ async def test_a_resolved_episode_names_its_taint_until_the_write_that_removes_i
     assert node.taints == ()  # Alertmanager shows it no more: released
     assert EPISODES not in node.annotations  # and forgotten by the write that released it
     assert second.budget.in_use == 0
+
+
+async def test_a_view_read_before_a_delivery_does_not_resolve_what_the_delivery_said_fires() -> None:
+    """An Alertmanager read is sent, a webhook says a new alert fires, then the read's answer (from
+    before that alert) comes back without it: not a resolve. A read begun after the delivery is."""
+    clock = FakeClock()
+    cluster = cluster_of(4)
+    engine = engine_over(cluster, GIVE_BACK, clock=clock)
+    await engine.start()
+    read_began = time.monotonic()
+    await engine.handle(webhook(alert("n1")))
+    await engine.reconcile(
+        AlertmanagerView(alerts={}, reached=("http://alertmanager:9093",), read_at=read_began)
+    )
+    def held() -> bool:
+        return cluster.nodes["n1"].unschedulable
+
+    assert held()  # still held: the answer predates the delivery
+    assert [name for name, _ in engine.firing.all()] == ["n1"]
+    later = AlertmanagerView(alerts={}, reached=("http://alertmanager:9093",), read_at=time.monotonic())
+    await engine.reconcile(later)
+    assert not held()  # a read begun after it shows it no more: resolved
+    assert engine.firing.all() == []
 
 
 async def test_a_view_read_before_a_resolve_does_not_act_again_on_the_next_leader() -> None:
