@@ -150,7 +150,7 @@ class Engine:
             dry_run=settings.dry_run,
         )
         """The background reconcile of one node (a human's release, a drain nobody runs)."""
-        self.queue.bind(self.lifecycle)
+        self.queue.bind(self._reconcile_node)
         watch = getattr(cluster, "watch_nodes", None)
         if callable(watch):
             watch(self._node_changed)
@@ -367,6 +367,15 @@ class Engine:
             if not self.settings.dry_run:
                 self.queue.add(node)  # the record goes once nothing holds the node
         return plans
+
+    async def _reconcile_node(self, name: str) -> None:
+        """The queue's reconcile of one node, once this replica's view is rebuilt: a node queued
+        before a new leader's rebuild (by the watch, a timer, a resolve) is looked at with the alerts
+        and holds the rebuild finds, not with what this replica knew before it led (where a drain
+        left running would look as if no alert wanted it and be ended)."""
+        if not self.settings.dry_run:
+            await self._ensure_synced()
+        await self.lifecycle(name)
 
     async def _resume(self, node: str, items: list[Observed]) -> None:
         """The lifecycle's resume of a drain nobody runs (under the node's lock)."""

@@ -399,6 +399,18 @@ async def test_a_drain_left_running_is_resumed_with_its_recorded_rule_without_al
     assert cluster.nodes["gpu-1"].annotations[DRAIN_STATUS] == "done"
 
 
+async def test_a_node_queued_before_a_new_leaders_rebuild_is_reconciled_after_it() -> None:
+    """The watch queues the node the moment this replica becomes leader, before its rebuild: the
+    drain left running is resumed for the episode the rebuild finds, not ended for want of one."""
+    cluster, engine = left_draining()
+    engine.became_leader()
+    engine.queue.add("gpu-1")  # no sync() yet: the worker runs first
+    await settled(engine)
+    assert ("drain", "stopped") not in decisions(engine)
+    assert ("drain", "started") in decisions(engine)
+    assert cluster.nodes["gpu-1"].annotations[DRAIN_STATUS] == "done"
+
+
 async def test_a_drain_whose_alert_resolved_meanwhile_is_ended_and_holds_no_slot_after_an_uncordon() -> None:
     cluster, engine = left_draining()
 
