@@ -493,6 +493,7 @@ async def test_a_view_read_before_a_delivery_does_not_resolve_what_the_delivery_
     await engine.reconcile(
         AlertmanagerView(alerts={}, reached=("http://alertmanager:9093",), read_at=read_began)
     )
+
     def held() -> bool:
         return cluster.nodes["n1"].unschedulable
 
