@@ -68,8 +68,6 @@ apt-get -qq "${apt_private[@]}" update >&2
     echo "SHA256_* in $0) and run \`make rules\` and tests/test_e2e.py to see what the new release changes" >&2
     exit 1
 }
-mkdir -p "$(dirname "$CACHE")"
-rm -rf "$CACHE.partial"
 for package in prometheus promtool; do
     deb="$(ls "$WORK/${package}"_*.deb)"
     sha="SHA256_$package"
@@ -77,7 +75,18 @@ for package in prometheus promtool; do
         echo "$package $VERSION: SHA-256 of $deb is not the pinned ${!sha}" >&2
         exit 1
     }
-    dpkg-deb -x "$deb" "$CACHE.partial"
+done
+# Two checkouts setting up at once unpack one after the other; the second finds it done.
+mkdir -p "$(dirname "$CACHE")"
+exec 9>"$CACHE.lock"
+flock 9
+if [ -x "$BIN/prometheus" ] && [ -x "$BIN/promtool" ]; then
+    echo "$BIN"
+    exit 0
+fi
+rm -rf "$CACHE.partial"
+for package in prometheus promtool; do
+    dpkg-deb -x "$WORK/${package}_"*.deb "$CACHE.partial"
 done
 for b in prometheus promtool; do
     "$CACHE.partial/usr/bin/$b" --version >/dev/null 2>&1 || {
