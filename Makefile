@@ -44,7 +44,7 @@ lock: $(STAMP)
 	$(UV) lock --upgrade
 
 # Prometheus, promtool, Alertmanager, amtool (and kubectl, for the manifests) from Debian, installed
-# only when missing.
+# only when missing; VictoriaMetrics and Prometheus 2.53 (pinned, from Debian trixie) into a cache.
 tools:
 	@bash scripts/install-tools.sh
 
@@ -65,9 +65,14 @@ MYPY_CACHE_DIR ?= $(HOME)/.cache/accel-health/mypy
 typecheck: $(STAMP)
 	MYPY_CACHE_DIR=$(MYPY_CACHE_DIR) $(BIN)/mypy
 
+# Every rule file and promtool test on both Prometheus releases `make test` covers: bookworm's 2.42
+# (promtool on PATH) and 2.53, the LTS (scripts/install-prometheus-lts.sh, pinned, from trixie).
 rules: tools
+	promtool --version | head -n1
 	promtool check rules alerts/*.yaml
 	promtool test rules alerts/tests/*.yaml
+	lts="$$(bash scripts/install-prometheus-lts.sh)" && "$$lts/promtool" --version | head -n1 \
+		&& "$$lts/promtool" check rules alerts/*.yaml && "$$lts/promtool" test rules alerts/tests/*.yaml
 	amtool check-config examples/alertmanager.yaml
 
 # Every promtool test group through promtool and VictoriaMetrics' vmalert-tool (pinned in

@@ -221,8 +221,11 @@ class Pipeline:
         alertmanager_config: Path = ALERTMANAGER_CONFIG,
         extra_exporter_targets: Mapping[str, str] | None = None,
         gpus: SimulatedGpus = DEMO_GPUS,
+        prometheus: str = "prometheus",
     ) -> None:
         self.workdir = workdir
+        self.prometheus = prometheus
+        """The Prometheus binary: the one on PATH, or a path (tests run 2.53 LTS beside 2.42)."""
         self.gpus = gpus
         self.alertmanager_config = alertmanager_config
         self.extra_exporter_targets = dict(extra_exporter_targets or {})
@@ -324,7 +327,7 @@ class Pipeline:
         self._spawn(
             "prometheus",
             [
-                "prometheus",
+                self.prometheus,
                 f"--config.file={prom_config}",
                 f"--storage.tsdb.path={self.workdir / 'prometheus-data'}",
                 f"--web.listen-address=127.0.0.1:{self.prometheus_port}",

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs what `make test` runs besides Python, from Debian, only where missing: Prometheus, promtool,
 # Alertmanager and amtool, ping and iperf3, and kubectl (which renders deploy/ with its built-in kustomize);
-# and VictoriaMetrics' binaries, pinned, into a cache (scripts/install-victoria-metrics.sh).
+# and, pinned, into a cache: VictoriaMetrics' binaries (scripts/install-victoria-metrics.sh) and
+# Prometheus 2.53 LTS beside bookworm's 2.42 (scripts/install-prometheus-lts.sh).
 set -euo pipefail
 bash "$(dirname "$0")/install-victoria-metrics.sh" >/dev/null
+bash "$(dirname "$0")/install-prometheus-lts.sh" >/dev/null
 need=()
 command -v prometheus >/dev/null && command -v promtool >/dev/null || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null && command -v amtool >/dev/null || need+=(prometheus-alertmanager)

@@ -139,7 +139,7 @@ class ShippedScrapePipeline(Pipeline):
             self._spawn(
                 "prometheus",
                 [
-                    "prometheus",
+                    self.prometheus,
                     f"--config.file={config}",
                     f"--storage.tsdb.path={self.workdir / 'prometheus-data'}",
                     f"--web.listen-address=127.0.0.1:{self.prometheus_port}",

@@ -4,10 +4,17 @@ Real exporter processes, real Prometheus with the rules in alerts/, real Alertma
 examples/alertmanager.yaml, and the real remediator (dry-run, cluster snapshot) — the same pipeline
 `make demo` runs. Any broken link (exporter parsing, a rule, a route, the webhook, the policy) makes
 these tests fail.
+
+The main run (the ``run`` fixture and the tests reading it) runs on both Prometheus releases
+`make test` covers: the ``prometheus`` on PATH (Debian bookworm's 2.42) and 2.53, the LTS most fleets
+run (scripts/install-prometheus-lts.sh, pinned; skipped where it is not installed). The other tests,
+which start the demo or a broken pipeline of their own, run on PATH's only: one more run of each would
+add a minute to the suite and cover nothing the main run does not.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -26,12 +33,14 @@ from examples.pipeline import (
     Outcome,
     Pipeline,
     PipelineError,
+    http_get,
     observe,
     port_is_free,
     scratch_dir,
 )
 
 REPO = Path(__file__).resolve().parent.parent
+LTS_INSTALLER = REPO / "scripts" / "install-prometheus-lts.sh"
 
 pytestmark = [
     pytest.mark.e2e,
@@ -42,26 +51,84 @@ pytestmark = [
 ]
 
 
+def prometheus_lts_bin() -> Path | None:
+    """The folder of Prometheus 2.53 (prometheus, promtool) that `make tools` installs; None where it
+    is not installed (the script's ``--installed`` mode installs nothing)."""
+    bash = shutil.which("bash") or "/bin/bash"
+    result = subprocess.run(
+        [bash, str(LTS_INSTALLER), "--installed"], capture_output=True, text=True, check=False, timeout=60
+    )
+    return Path(result.stdout.strip()) if result.returncode == 0 else None
+
+
+ON_PATH = "PATH"
+PROMETHEUS_RELEASES = (ON_PATH, "2.53")
+"""The Prometheus releases the main run covers: the one on PATH (Debian bookworm's 2.42) and the LTS."""
+
+
+def prometheus_binary(release: str) -> str:
+    """The ``prometheus`` to run for ``release``; skips the test where that release is missing."""
+    if release == ON_PATH:
+        return "prometheus"
+    bindir = prometheus_lts_bin()
+    if bindir is None:
+        pytest.skip(
+            f"Prometheus {release} is not installed "
+            "(make tools installs it: scripts/install-prometheus-lts.sh)"
+        )
+    return str(bindir / "prometheus")
+
+
 class Run:
-    def __init__(self, pipeline: Pipeline, outcome: Outcome, stop_problems: list[str]) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        outcome: Outcome,
+        stop_problems: list[str],
+        *,
+        release: str,
+        version: str,
+    ) -> None:
         self.pipeline = pipeline
         self.outcome = outcome
         self.stop_problems = stop_problems
+        self.release = release
+        """The release asked for (``PROMETHEUS_RELEASES``)."""
+        self.version = version
+        """The version the running Prometheus reported (its /api/v1/status/buildinfo)."""
 
     def decisions_for(self, node: str) -> list[dict[str, Any]]:
         return [d for d in self.outcome.decisions if d.get("node") == node]
 
 
-@pytest.fixture(scope="module")
-def run() -> Run:
+@pytest.fixture(scope="module", params=PROMETHEUS_RELEASES, ids=lambda r: f"prometheus-{r}")
+def run(request: pytest.FixtureRequest) -> Run:
+    release: str = request.param
     with scratch_dir() as workdir:
-        pipeline = Pipeline(workdir=workdir)
+        pipeline = Pipeline(workdir=workdir, prometheus=prometheus_binary(release))
         try:
             pipeline.start()
             outcome = observe(pipeline, timeout=45.0)
+            buildinfo = json.loads(
+                http_get(f"http://127.0.0.1:{pipeline.prometheus_port}/api/v1/status/buildinfo")
+            )
         finally:
             problems = pipeline.stop()
-    return Run(pipeline, outcome, problems)
+    return Run(pipeline, outcome, problems, release=release, version=buildinfo["data"]["version"])
+
+
+def test_the_run_is_on_the_prometheus_release_it_names(run: Run) -> None:
+    if run.release == ON_PATH:
+        reported = subprocess.run(
+            [str(shutil.which("prometheus")), "--version"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        )
+        assert f"version {run.version} " in reported.stdout + reported.stderr
+    else:
+        assert run.version.startswith(f"{run.release}."), run.version
 
 
 def demo_env(tmp_path: Path) -> tuple[dict[str, str], str]:
