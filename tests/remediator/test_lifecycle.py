@@ -520,4 +520,4 @@ def test_the_readme_lifecycle_table_is_the_one_the_code_runs() -> None:
         row = (
             f"| `{phase.name}` | {phase.meaning} | {phase.entered_by} | {phase.event} | {phase.leaves_when} |"
         )
-        assert row in readme, f"docs/remediator.md's lifecycle table lacks (or differs in) the row of {phase.name}"
+        assert row in readme, f"docs/remediator.md's lifecycle table lacks (or alters) {phase.name}'s row"
