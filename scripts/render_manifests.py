@@ -46,7 +46,7 @@ REBOOT_ACTION = (
 """What the aws component adds at the end of the `drain` rule: a drained node is rebooted (the
 graceful step); when its fault comes back within a day of that reboot it is replaced instead."""
 """What the aws component adds to every rule that acts: one data point per fault, dimensions node,
-alertname and InstanceId (README, "AWS")."""
+alertname and InstanceId (docs/closed-loop.md, "On AWS: reboot, then replace")."""
 PYPROJECT = REPO / "pyproject.toml"
 IMAGE_PLACEHOLDER = "accel-health"
 """The image name the manifests write (`image: accel-health`); kustomize replaces it."""

@@ -2,7 +2,7 @@
 
 Each example names exactly the taint the loop lifts (`remediator.lifecycle.repair.STARTUP_TAINT`: key, value
 and effect), in its own syntax: a Karpenter NodePool's `startupTaints`, an eksctl managed node
-group's `taints`, the kubelet's `--register-with-taints` in a nodeadm NodeConfig; and the README's
+group's `taints`, the kubelet's `--register-with-taints` in a nodeadm NodeConfig; and docs/closed-loop.md's
 node-pool section points at each of them. That the loop lifts it from a node that registered with
 it is shown on the real API server (tests/kube/test_repair.py).
 """
@@ -54,6 +54,6 @@ def test_the_nodeadm_config_passes_the_kubelet_the_startup_taint() -> None:
 
 
 def test_the_readme_points_at_every_node_pool_example() -> None:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    readme = (REPO / "docs" / "closed-loop.md").read_text(encoding="utf-8")
     for example in sorted(EXAMPLES.glob("*.yaml")):
         assert f"examples/node-pools/{example.name}" in readme, example.name

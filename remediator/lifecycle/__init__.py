@@ -1,4 +1,4 @@
-"""A node's remediation as one lifecycle, from the first fault back to the pool (README "A node's
+"""A node's remediation as one lifecycle, from the first fault back to the pool (docs/remediator.md "A node's
 lifecycle"): healthy -> held -> evidence -> draining -> repair -> verifying -> returned, or escalated /
 released to a human. One owner, one reconcile per node at a time, the node's record on the node.
 

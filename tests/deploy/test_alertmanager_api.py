@@ -132,7 +132,7 @@ def test_the_urls_come_from_one_configmap_key_and_nowhere_else(
 def test_an_overlay_of_ones_own_points_the_remediator_at_another_alertmanager_in_one_place(
     tmp_path: Path,
 ) -> None:
-    """README, "Which Alertmanager the remediator reads": kube-prometheus-stack's, from an overlay."""
+    """docs/install.md, "Which Alertmanager the remediator reads": kube-prometheus-stack's, by overlay."""
     mine = tmp_path / "mine"
     mine.mkdir()
     stack = (

@@ -416,7 +416,7 @@ class Deployment:
             (root / "sys").symlink_to(GPU_NODE_FIXTURE / "sys")
 
     def apply(self, overlay: str | None = None) -> None:
-        """Render and apply an overlay server-side, then set the token (README, "Install")."""
+        """Render and apply an overlay server-side, then set the token (docs/install.md)."""
         assert self.plane is not None
         self.overlay = overlay or self.overlay
         rendered = render(self.overlay)

@@ -13,7 +13,7 @@ node's life once, the way issue 34 found them going wrong:
 - telemetry (CloudWatch) never blocks the cordon;
 - a reboot whose EC2 call failed is asked for again on the next delivery;
 - a fault that fires at the moment of the return stops it;
-- a node's phase moves as the table in README says, written by the write that moves it.
+- a node's phase moves as the table in docs/remediator.md says, written by the write that moves it.
 """
 
 from __future__ import annotations
@@ -514,9 +514,10 @@ async def test_a_dry_run_without_aws_says_it_would_skip_what_an_enforcing_run_sk
 
 
 def test_the_readme_lifecycle_table_is_the_one_the_code_runs() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    page = Path(__file__).resolve().parents[2] / "docs" / "remediator.md"
+    readme = page.read_text(encoding="utf-8")
     for phase in PHASES:
         row = (
             f"| `{phase.name}` | {phase.meaning} | {phase.entered_by} | {phase.event} | {phase.leaves_when} |"
         )
-        assert row in readme, f"README's lifecycle table lacks (or differs in) the row of {phase.name}"
+        assert row in readme, f"docs/remediator.md's lifecycle table lacks (or alters) {phase.name}'s row"
