@@ -399,6 +399,16 @@ async def test_a_drain_left_running_is_resumed_with_its_recorded_rule_without_al
     assert cluster.nodes["gpu-1"].annotations[DRAIN_STATUS] == "done"
 
 
+async def test_a_drain_a_previous_leader_started_is_not_told_started_again_when_it_is_resumed() -> None:
+    """The drain's start was told (AccelDrainStarted, with AccelFaultDetected before it) by the leader
+    that started it; the next leader tells only its end (bench_failover --lifecycle: both twice)."""
+    cluster, engine = left_draining()
+    await engine.sync()
+    await settled(engine)
+    assert ("drain", "started") in decisions(engine)
+    assert [e["reason"] for e in cluster.events] == ["AccelDrainFinished", "AccelInstanceMarkedUnhealthy"]
+
+
 async def test_a_drain_whose_alert_resolved_meanwhile_is_ended_and_holds_no_slot_after_an_uncordon() -> None:
     cluster, engine = left_draining()
 
@@ -443,6 +453,29 @@ async def test_a_reboot_whose_call_failed_is_asked_for_again() -> None:
     await engine.handle(alert("gpu-1", remediation="reboot"))  # and once more: nothing again
     assert [op for op, _ in aws.calls] == ["RebootInstances"]
     assert record_of(cluster).phase == "repair"
+
+
+async def test_a_new_leader_before_the_node_booted_neither_reboots_it_again_nor_tells_the_fault_again() -> (
+    None
+):
+    """A fail-over after the reboot's call, before the node booted (bench_failover --lifecycle: a
+    second RebootInstances, AccelFaultDetected and AccelInstanceRebooted for one episode)."""
+    cluster = SnapshotCluster(nodes=[gpu("gpu-1")] + [gpu(f"n{i}") for i in range(8)], pods=[], pdbs=[])
+    aws = RecordingAws()
+    clock = FakeClock()
+    await engine_on(cluster, aws=aws, clock=clock).handle(alert("gpu-1", remediation="reboot"))
+    assert [op for op, _ in aws.calls] == ["RebootInstances"]
+    told = [e["reason"] for e in cluster.events]
+    assert told == ["AccelFaultDetected", "AccelInstanceRebooted"]
+    clock.now += 10  # the leader dies; the next one reads the same node, not booted yet
+    leader = engine_on(cluster, aws=aws, clock=clock)
+    await leader.handle(alert("gpu-1", remediation="reboot"))  # Alertmanager's resend
+    assert [op for op, _ in aws.calls] == ["RebootInstances"]
+    assert [e["reason"] for e in cluster.events] == told
+    cluster.rebooted("gpu-1", "boot-b")
+    await leader.handle(alert("gpu-1", remediation="reboot"))
+    assert [op for op, _ in aws.calls] == ["RebootInstances"]
+    assert [e["reason"] for e in cluster.events] == told
 
 
 # -- phases ----------------------------------------------------------------------------------------
