@@ -59,7 +59,7 @@ class AwsActuator:
         prefix = f"{why}; " if why else ""
         if asked and handover and _handed_over(node, handover):
             return self._marked(
-                ctx, node, prefix, details, f"{handover}=False already set (asked for before)"
+                ctx, node, prefix, details, f"{handover}=False already set (asked for before)", told=True
             )
         if not asked and (held := self._gates.check(ctx, "aws_set_unhealthy", node.name)) is not None:
             return held
@@ -83,7 +83,9 @@ class AwsActuator:
                 details=details,
             )
         if state != "Healthy" and asked:
-            return self._marked(ctx, node, prefix, details, f"already {state} (asked for before a fail-over)")
+            return self._marked(
+                ctx, node, prefix, details, f"already {state} (asked for before a fail-over)", told=True
+            )
         if state != "Healthy":
             return ActionResult(
                 "skipped", f"{instance} is already {state} in its Auto Scaling group (not by accel-health)"
@@ -97,9 +99,18 @@ class AwsActuator:
         return self._marked(ctx, node, prefix, details)
 
     def _marked(
-        self, ctx: Context, node: Node, prefix: str, details: Mapping[str, Any], how: str = ""
+        self,
+        ctx: Context,
+        node: Node,
+        prefix: str,
+        details: Mapping[str, Any],
+        how: str = "",
+        *,
+        told: bool = False,
     ) -> ActionResult:
+        """`told`: asked for before (an earlier leader), whose Event told of it then."""
         self._gates.commit(ctx, "aws_set_unhealthy", node.name)
+        details = {**details, "resumed": True} if told else details
         instance = details["instance_id"]
         text = f"{instance} Unhealthy in its Auto Scaling group (no grace period): it gets replaced"
         suffix = f" ({how})" if how else ""
@@ -200,7 +211,7 @@ class AwsActuator:
                 ctx,
                 f"{instance} rebooted (asked for before; a new boot id since)",
                 would="",
-                details=details,
+                details={**details, "resumed": True},  # the Event of the call told of it
             )
         if (node.name, node.boot_id) not in self._failed:
             step, why = reboot_step(node, action, now=self._clock())

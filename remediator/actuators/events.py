@@ -105,8 +105,9 @@ class EventRecorder:
         """The Event of a decided node action, as the policy's `events` setting wants it."""
         if ctx.node is None or ctx.protected or result.gate in HOLD_EVERYTHING:
             return None
-        if action == "drain" and result.outcome == "started" and result.details.get("resumed"):
-            return None  # a drain started before (an earlier leader): its start was told then
+        if result.details.get("resumed"):
+            return None  # decided before (a drain started, an AWS call asked for by an earlier
+            # leader): its Event was told then
         alertname = ctx.alert.labels.get("alertname", "AcceleratorFault")
         event = action_event(action, result.outcome, result.done or result.reason, alertname=alertname)
         return event if event is not None and self.wanted(event) else None

@@ -473,8 +473,26 @@ async def test_a_new_leader_before_the_node_booted_neither_reboots_it_again_nor_
     assert [op for op, _ in aws.calls] == ["RebootInstances"]
     assert [e["reason"] for e in cluster.events] == told
     cluster.rebooted("gpu-1", "boot-b")
-    await leader.handle(alert("gpu-1", remediation="reboot"))
+    clock.now += 10  # and the next leader, after the node booted
+    await engine_on(cluster, aws=aws, clock=clock).handle(alert("gpu-1", remediation="reboot"))
     assert [op for op, _ in aws.calls] == ["RebootInstances"]
+    assert [e["reason"] for e in cluster.events] == told
+
+
+async def test_a_new_leader_does_not_tell_again_an_instance_marked_unhealthy_before() -> None:
+    cluster = SnapshotCluster(nodes=[gpu("gpu-1")] + [gpu(f"n{i}") for i in range(8)], pods=[], pdbs=[])
+    aws = RecordingAws()
+    dead = engine_on(cluster, aws=aws)
+    await dead.handle(alert("gpu-1"))
+    await settled(dead)
+    assert [op for op, _ in aws.calls] == ["SetInstanceHealth"]
+    told = [e["reason"] for e in cluster.events]
+    assert told[-1] == "AccelInstanceMarkedUnhealthy"
+    leader = engine_on(cluster, aws=aws)  # after a fail-over: the intent on the record, the instance
+    await leader.handle(alert("gpu-1"))  # Unhealthy already
+    await settled(leader)
+    assert [op for op, _ in aws.calls] == ["SetInstanceHealth"]
+    assert ("aws_set_unhealthy", "done") in decisions(leader)
     assert [e["reason"] for e in cluster.events] == told
 
 
