@@ -56,6 +56,30 @@ every node (as admin) and checks:
   script and a resend of every group, the cordons, taints and condition statuses of every node are
   compared, and the invariants above are checked in both runs.
 
+`--lifecycle` (issue 34, "Done when" 3): the fail-over bench extended to drains, reboots and Events,
+at 200 nodes by default (2,000 nodes with pods and a kubelet stand-in is more than a 2-core machine
+plays; `--nodes` changes it). Each node gets pods (tests/kube/kubelet.py FakeKubelet plays kubelet
+and scheduler: evicted pods terminate, their ReplicaSets make new ones elsewhere): a `web` pod each,
+and on every third node a `guarded` pod under a PodDisruptionBudget that lets one go at a time, so
+that drains wait for each other and span kills. The replicas reach the API server through the
+policy/v1 proxy (tests/kube/network.py). The policy: condition, cordon, taint, a drain (300 s), then
+aws_reboot for AccelGPUFatalXid and aws_set_unhealthy for the other alerts; on resolve uncordon,
+untaint, condition; `events: all`; budget 20. A RebootInstances makes the node boot again (a new boot
+id) 5 to 20 s later. Faults fire about 0.3 a second for 30 to 90 s (two of one kind on one node at
+least 30 s apart); 30 s after they start, `--kills` SIGKILLs of the leader as in figure 5 (its
+timings printed, not part of the verdict), then 20 s more. Counted per node and episode
+(fingerprint + startsAt), over the whole run: cordons and taints (as figure 6), drain starts (a new
+`drain-started` stamp with `drain-status: in-progress`, given to the episodes its write records whose
+drain is not decided yet; a drain resumed by a new leader keeps its stamp), RebootInstances and
+SetInstanceHealth (moto's, through the counting proxy, given to the episodes whose intent appeared on
+the node's record since the last such call, or again to those it shows), and the Events of each
+reason (the Event objects, their `count` summed, each given to the newest fault of the alertname its
+message names fired on its node before it). Then every alert resolves: within 300 s no node may be
+cordoned, tainted, carry the record, an ownership annotation or a running drain, or keep
+AcceleratorHealthy=False, and after 10 s without a change the leader's GET /state must show no budget
+holder, no drain and no hold. PASS: at most one of each per node and episode, every one recorded on
+its node, the budget kept, and nothing left. `--nodes 50 --kills 3` for a quick look.
+
 Needs root (the harness), the control-plane binaries (scripts/build-control-plane.sh) and moto's
 server (the test extra). Other work on the machine makes timings noisy. `--nodes 200 --kills 3
 --compare-seconds 120 --compare-kill-at 60` for a quick look; `--workdir DIR` keeps every log.
