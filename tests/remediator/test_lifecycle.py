@@ -367,12 +367,20 @@ async def test_a_fault_firing_at_the_moment_of_the_return_stops_it() -> None:
 # -- a drain nobody runs --------------------------------------------------------------------------
 
 
-def left_draining() -> tuple[SnapshotCluster, Engine]:
-    """A node a previous leader cordoned and started draining, then died; a new engine over it."""
-    episode = Episode(
-        fingerprint="fp-1", rule="drain", alertname="AccelGPUFatalXid", start=1_795_860_000, steps=0b011
+def left_draining(*, episodes: int = 1) -> tuple[SnapshotCluster, Engine]:
+    """A node a previous leader cordoned and started draining (for `episodes` alerts), then died; a
+    new engine over it."""
+    started = tuple(
+        Episode(
+            fingerprint=f"fp-{i + 1}",
+            rule="drain",
+            alertname="AccelGPUFatalXid",
+            start=1_795_860_000,
+            steps=0b011,
+        )
+        for i in range(episodes)
     )
-    record = RecordChange(episodes=(episode,), kind="drain", at=1_795_860_000, phase="draining").apply(
+    record = RecordChange(episodes=started, kind="drain", at=1_795_860_000, phase="draining").apply(
         NodeRecord()
     )
     node = gpu("gpu-1")
@@ -407,6 +415,15 @@ async def test_a_drain_a_previous_leader_started_is_not_told_started_again_when_
     await settled(engine)
     assert ("drain", "started") in decisions(engine)
     assert [e["reason"] for e in cluster.events] == ["AccelDrainFinished", "AccelInstanceMarkedUnhealthy"]
+
+
+async def test_an_episode_that_joined_a_drain_before_a_fail_over_is_not_told_it_started_again() -> None:
+    cluster, engine = left_draining(episodes=2)
+    await engine.sync()
+    await settled(engine)
+    assert [(a, o) for a, o in decisions(engine) if a == "drain"].count(("drain", "started")) == 2
+    assert "AccelDrainStarted" not in [e["reason"] for e in cluster.events]
+    assert "AccelFaultDetected" not in [e["reason"] for e in cluster.events]
 
 
 async def test_a_drain_whose_alert_resolved_meanwhile_is_ended_and_holds_no_slot_after_an_uncordon() -> None:
