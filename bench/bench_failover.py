@@ -56,6 +56,30 @@ every node (as admin) and checks:
   script and a resend of every group, the cordons, taints and condition statuses of every node are
   compared, and the invariants above are checked in both runs.
 
+`--lifecycle` (issue 34, "Done when" 3): the fail-over bench extended to drains, reboots and Events,
+at 200 nodes by default (2,000 nodes with pods and a kubelet stand-in is more than a 2-core machine
+plays; `--nodes` changes it). Each node gets pods (tests/kube/kubelet.py FakeKubelet plays kubelet
+and scheduler: evicted pods terminate, their ReplicaSets make new ones elsewhere): a `web` pod each,
+and on every third node a `guarded` pod under a PodDisruptionBudget that lets one go at a time, so
+that drains wait for each other and span kills. The replicas reach the API server through the
+policy/v1 proxy (tests/kube/network.py). The policy: condition, cordon, taint, a drain (300 s), then
+aws_reboot for AccelGPUFatalXid and aws_set_unhealthy for the other alerts; on resolve uncordon,
+untaint, condition; `events: all`; budget 20. A RebootInstances makes the node boot again (a new boot
+id) 5 to 20 s later. Faults fire about 0.3 a second for 30 to 90 s (two of one kind on one node at
+least 30 s apart); 30 s after they start, `--kills` SIGKILLs of the leader as in figure 5 (its
+timings printed, not part of the verdict), then 20 s more. Counted per node and episode
+(fingerprint + startsAt), over the whole run: cordons and taints (as figure 6), drain starts (a new
+`drain-started` stamp with `drain-status: in-progress`, given to the episodes its write records whose
+drain is not decided yet; a drain resumed by a new leader keeps its stamp), RebootInstances and
+SetInstanceHealth (moto's, through the counting proxy, given to the episodes whose intent appeared on
+the node's record since the last such call, or again to those it shows), and the Events of each
+reason (the Event objects, their `count` summed, each given to the newest fault of the alertname its
+message names fired on its node before it). Then every alert resolves: within 300 s no node may be
+cordoned, tainted, carry the record, an ownership annotation or a running drain, or keep
+AcceleratorHealthy=False, and after 10 s without a change the leader's GET /state must show no budget
+holder, no drain and no hold. PASS: at most one of each per node and episode, every one recorded on
+its node, the budget kept, and nothing left. `--nodes 50 --kills 3` for a quick look.
+
 Needs root (the harness), the control-plane binaries (scripts/build-control-plane.sh) and moto's
 server (the test extra). Other work on the machine makes timings noisy. `--nodes 200 --kills 3
 --compare-seconds 120 --compare-kill-at 60` for a quick look; `--workdir DIR` keeps every log.
@@ -99,9 +123,12 @@ from bench_reconcile_api import NS, node_name  # noqa: E402  same cluster layout
 from examples.pipeline import free_port  # noqa: E402  after sys.path
 from remediator.lifecycle.record import (  # noqa: E402  after sys.path
     CORDONED_BY,
+    DRAIN_STARTED,
+    DRAIN_STATUS,
     EPISODES,
     MANAGER,
     PREFIX,
+    TAINTS_ADDED,
     Episode,
     owned_taints,
     read,
@@ -109,8 +136,16 @@ from remediator.lifecycle.record import (  # noqa: E402  after sys.path
     taint_id,
 )
 from tests.kube.conftest import control_plane_skip_reason  # noqa: E402  after sys.path
-from tests.kube.controlplane import ControlPlane, Process, control_plane, spawn  # noqa: E402
-from tests.kube.kubelet import FakeKubelet  # noqa: E402  after sys.path
+from tests.kube.controlplane import (  # noqa: E402  after sys.path
+    ControlPlane,
+    Process,
+    apply_objects,
+    control_plane,
+    deployment,
+    spawn,
+)
+from tests.kube.kubelet import FakeKubelet, KubeletSettings  # noqa: E402  after sys.path
+from tests.kube.network import skew_proxy  # noqa: E402  after sys.path
 from tests.kube.rest import Obj  # noqa: E402  after sys.path
 
 LEASE = "accel-health-remediator"
@@ -197,9 +232,12 @@ class Account:
         return f"system:serviceaccount:{NS}:{self.name}"
 
 
-def populate(plane: ControlPlane, workdir: Path, instances: list[str]) -> None:
-    """An accelerator node (8 `nvidia.com/gpu`, as bench_reconcile_api makes them) per EC2 instance."""
-    fake = FakeKubelet(plane=plane, workdir=workdir)
+def populate(
+    plane: ControlPlane, workdir: Path, instances: list[str], fake: FakeKubelet | None = None
+) -> None:
+    """An accelerator node (8 `nvidia.com/gpu`, as bench_reconcile_api makes them) per EC2 instance
+    (registered by `fake`, the kubelet stand-in that plays them, when given)."""
+    fake = fake or FakeKubelet(plane=plane, workdir=workdir)
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(
             pool.map(
@@ -487,6 +525,19 @@ class Observer:
         self.aws_episodes: dict[str, set[tuple[str, int]]] = {}
         """node -> the episodes of the last record seen on it that asked for aws_set_unhealthy."""
         self.t0 = now()
+        # What the policy's rules look like (the default: POLICY; --lifecycle: LIFECYCLE_POLICY).
+        self.rules: frozenset[str] = frozenset({RULE})
+        """The rules that cordon and taint."""
+        self.step_cordon, self.step_taint, self.step_aws = STEP_CORDON, STEP_TAINT, STEP_AWS
+        self.step_drain: int | None = None
+        """The drain's index among the rules' actions (None: no drain)."""
+        self.reboot_rule = ""
+        """The rule whose AWS step is aws_reboot (empty: none)."""
+        self.asked: dict[str, dict[str, set[tuple[str, int]]]] = {}
+        """call -> node -> the episodes of the last record seen on it that asked for that call
+        (kept when a later record asks for none)."""
+        self.charged: dict[str, dict[str, set[tuple[str, int]]]] = {}
+        """call -> node -> the episodes a call was already counted for."""
 
     def reset_stats(self) -> None:
         self.per_episode.clear()
@@ -544,11 +595,18 @@ class Observer:
         self.nodes[name] = new
         annotations = _annotations(new)
         if EPISODES in annotations:
-            asked = {
-                (e.fingerprint, e.start) for e in read(annotations).episodes.values() if e.done(STEP_AWS)
-            }
+            episodes = read(annotations).episodes.values()
+            asked = {(e.fingerprint, e.start) for e in episodes if e.done(self.step_aws)}
             if asked:
                 self.aws_episodes[name] = asked
+            rebooted = {
+                (e.fingerprint, e.start)
+                for e in episodes
+                if e.done(self.step_aws) and e.rule == self.reboot_rule and not e.released
+            }
+            for call, seen in (("SetInstanceHealth", asked), ("RebootInstances", rebooted)):
+                if seen:
+                    self.asked.setdefault(call, {})[name] = seen
         if old is None:
             return
         if (_unschedulable(old), _tainted(old), _condition(old)) != (
@@ -558,9 +616,46 @@ class Observer:
         ):
             self.changed_at = now()
         if not _unschedulable(old) and _unschedulable(new):
-            self._appeared("cordon", STEP_CORDON, name, old, new, owned=held(new)[0])
+            self._appeared("cordon", self.step_cordon, name, old, new, owned=held(new)[0])
         if not _tainted(old) and _tainted(new):
-            self._appeared("taint", STEP_TAINT, name, old, new, owned=held(new)[1])
+            self._appeared("taint", self.step_taint, name, old, new, owned=held(new)[1])
+        if self.step_drain is not None:
+            self._drain_started(name, old, new)
+
+    def _drain_started(self, name: str, old: Obj, new: Obj) -> None:
+        """A drain started (a new `drain-started` stamp with `drain-status: in-progress`; a drain resumed
+        by a new leader keeps its stamp): counted for the episodes its write records whose drain step
+        is not decided yet (the step is decided when the drain ends)."""
+        before, after = _annotations(old), _annotations(new)
+        stamp = after.get(DRAIN_STARTED)
+        if stamp is None or stamp == before.get(DRAIN_STARTED) or after.get(DRAIN_STATUS) != "in-progress":
+            return
+        assert self.step_drain is not None
+        self.transitions["drain"] += 1
+        episodes = read(after).episodes.values()
+        waiting = [e for e in episodes if e.rule in self.rules and not e.done(self.step_drain)]
+        if not waiting:
+            where = f"{name} at {self.clock()} (rv {new['metadata']['resourceVersion']})"
+            self.violations.add("drain start with no episode waiting for it in its record", where)
+            return
+        for e in waiting:
+            self.per_episode[(name, e.fingerprint, e.start, "drain start")] += 1
+
+    def call_made(self, call: str, node: str) -> None:
+        """An AWS call (SetInstanceHealth Unhealthy, RebootInstances) of the node's instance was made
+        a moment ago (the watch has shown the intent written before it): counted for the episodes
+        whose intent appeared since the last such call, or, when none did, again for those whose
+        intent the record shows (a repeated call)."""
+        self.transitions[call] += 1
+        asked = self.asked.get(call, {}).get(node, set())
+        if not asked:
+            self.violations.add(f"{call} with no intent recorded on its node", f"{node} at {self.clock()}")
+            return
+        charged = self.charged.setdefault(call, {}).setdefault(node, set())
+        fresh = asked - charged
+        for fingerprint, start in fresh or asked:
+            self.per_episode[(node, fingerprint, start, call)] += 1
+        charged |= asked
 
     def _appeared(self, what: str, step: int, name: str, old: Obj, new: Obj, *, owned: bool) -> None:
         """A cordon or taint appeared: the same write must claim it and record its episode."""
@@ -615,7 +710,7 @@ class Observer:
                 continue
             count += 1
             episodes = read(annotations).episodes.values() if EPISODES in annotations else []
-            if not any(e.rule == RULE for e in episodes):  # the rule that cordons and taints
+            if not any(e.rule in self.rules for e in episodes):  # the rules that cordon and taint
                 what = " and ".join(w for w, h in (("cordon", cordon), ("taint", taint)) if h)
                 self.violations.add(
                     f"{what} with no episode on its node (sampled)", f"{name} at {self.clock()}"
@@ -654,6 +749,8 @@ class AuditEvent:
     verb: str
     resource: str
     code: int
+    name: str = ""
+    """objectRef.name (an Event's name starts with its node's)."""
 
 
 class Audit:
@@ -687,6 +784,7 @@ class Audit:
                     verb=str(event.get("verb")),
                     resource=resource,
                     code=int((event.get("responseStatus") or {}).get("code", 0)),
+                    name=str(ref.get("name", "")),
                 )
             )
         return self.events
@@ -774,6 +872,9 @@ class Aws:
         """SetInstanceHealth Unhealthy calls: (when, instance)."""
         self.describes = 0
         self.on_unhealthy: Callable[[str], None] = lambda _instance: None
+        self.reboots: list[tuple[float, str]] = []
+        """RebootInstances calls: (when, instance), one per instance named."""
+        self.on_reboot: Callable[[str], None] = lambda _instance: None
         self._process: Process | None = None
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -857,6 +958,12 @@ class Aws:
             self.unhealthy.append((now(), instance))
             if up.status == 200:
                 self.on_unhealthy(instance)
+        if action == "RebootInstances":
+            for key, values in sorted(form.items()):
+                if key.startswith("InstanceId."):
+                    self.reboots.append((now(), values[0]))
+                    if up.status == 200:
+                        self.on_reboot(values[0])
         return answer
 
 
@@ -887,9 +994,11 @@ def make_script(
     rate: float,
     durations: tuple[float, float],
     persistent: int = 0,
+    gap: float = 1.0,
 ) -> list[Fault]:
     """Faults arriving at `rate` a second for `seconds`, each lasting `durations` (uniform), on random
-    nodes (never two of one kind at once on a node), plus `persistent` that never resolve."""
+    nodes (never two of one kind at once on a node, nor within `gap` s of each other), plus
+    `persistent` that never resolve."""
     rng = random.Random(seed)
     faults: list[Fault] = []
     busy: dict[tuple[int, int], float] = {}
@@ -906,7 +1015,7 @@ def make_script(
         if busy.get((node, kind), -1.0) > t:
             continue
         end = t + rng.uniform(*durations)
-        busy[(node, kind)] = end + 1
+        busy[(node, kind)] = end + gap
         faults.append(
             Fault(node=node, kind=kind, fire_at=t, resolve_at=end, fingerprint=fingerprint(node, kind))
         )
@@ -987,6 +1096,10 @@ class Alertmanager:
         self.nodes: set[int] = set()
         self._limit = asyncio.Semaphore(4)
         self._resend_resolved: set[str] = set()
+        self.fired_at: dict[str, float] = {}
+        """Fingerprint -> when the script fired it (this machine's clock)."""
+        self.resolved_at: dict[str, float] = {}
+        self.faults: dict[str, Fault] = {}
 
     # the script's side
 
@@ -998,12 +1111,15 @@ class Alertmanager:
         self.active[f.fingerprint] = f
         self.fired += 1
         self.nodes.add(f.node)
+        self.fired_at.setdefault(f.fingerprint, now())
+        self.faults[f.fingerprint] = f
 
     def resolve(self, f: Fault) -> None:
         g = self.groups.setdefault(f.node, Group())
         if g.firing.pop(f.fingerprint, None) is None:
             return
         g.resolved[f.fingerprint] = f
+        self.resolved_at.setdefault(f.fingerprint, now())
         if self._rng.random() < 0.25:
             self._resend_resolved.add(f.fingerprint)
         g.version += 1
@@ -1193,8 +1309,13 @@ class Bench:
         aws: Aws,
         instances: list[str],
         seed: int,
+        policy: str = POLICY,
+        server: str | None = None,
     ) -> None:
         self.plane = plane
+        self.policy = policy
+        self.server = server
+        """Where replicas reach the API server (None: directly)."""
         self.aws = aws
         self.node_of = {instance: node_name(i) for i, instance in enumerate(instances)}
         self.workdir = workdir
@@ -1212,6 +1333,8 @@ class Bench:
         self.audit = Audit(plane.workdir / "audit.log", {a.user for a in accounts})
         self.am = Alertmanager(http=http, target=self.target, seed=seed)
         self.am_port = free_port()
+        self.pods = 0
+        """Pods on the nodes (--lifecycle)."""
         self._count = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._runners: list[web.AppRunner] = []
@@ -1229,7 +1352,7 @@ class Bench:
             account=account,
             alertmanager=f"http://127.0.0.1:{self.am_port}",
             aws=self.aws.url,
-            server=server,
+            server=server or self.server,
         )
         self.replicas.append(replica)
         self._tasks.append(asyncio.create_task(replica.probe(self.http)))
@@ -1274,7 +1397,7 @@ class Bench:
         await asyncio.to_thread(self.stop_all)
 
     async def start(self) -> None:
-        (self.workdir / "policy.yaml").write_text(POLICY)
+        (self.workdir / "policy.yaml").write_text(self.policy)
         (self.workdir / "token").write_text(TOKEN)
         app = web.Application()
         app.router.add_get("/api/v2/alerts", self.am.api)
@@ -1767,6 +1890,317 @@ async def compare(bench: Bench, args: argparse.Namespace) -> bool:
     return ok and ok_runs
 
 
+# -- --lifecycle: drains, reboots and Events across the kills (issue 34) -------------------------------
+
+WORK = "work"
+"""The namespace of the nodes' pods."""
+REBOOT_RULE = "reboot"
+STEP_DRAIN, STEP_LIFECYCLE_AWS = 3, 4
+"""Indices of the drain and of the AWS step (aws_reboot, aws_set_unhealthy) in both lifecycle rules
+(the condition is 0, the cordon 1, the taint 2, as in POLICY)."""
+DRAIN_TIMEOUT = 300
+_LIFECYCLE_ACTIONS = f"""
+      - {{type: condition, condition_type: {CONDITION}}}
+      - cordon
+      - {{type: taint, key: {TAINT_KEY}, value: "true", effect: NoSchedule}}
+      - {{type: drain, timeout_seconds: {DRAIN_TIMEOUT}, delete_emptydir_data: true}}"""
+_ON_RESOLVED = f"""
+    on_resolved:
+      - uncordon
+      - {{type: untaint, key: {TAINT_KEY}}}
+      - {{type: condition, condition_type: {CONDITION}}}"""
+LIFECYCLE_POLICY = f"""
+safety: {{max_disrupted_nodes: {BUDGET}, storm_breaker: {{enabled: false}}}}
+events: all
+repair: {{enabled: false}}
+rules:
+  - name: {REBOOT_RULE}
+    match: ['alertname="{ALERTNAMES[0]}"']
+    actions:{_LIFECYCLE_ACTIONS}
+      - aws_reboot{_ON_RESOLVED}
+  - name: {RULE}
+    actions:{_LIFECYCLE_ACTIONS}
+      - aws_set_unhealthy{_ON_RESOLVED}
+"""
+REBOOT_SECONDS = (5.0, 20.0)
+"""How long after a RebootInstances the node comes back with a new boot id (the kubelet stand-in)."""
+EPISODE_GAP = 30.0
+"""Seconds between two faults of one kind on one node: an Event is told apart by its alertname and
+time."""
+
+
+def workload(plane: ControlPlane, nodes: int) -> int:
+    """Pods on the nodes: `web` (one a node, no budget) and `guarded` (one on every third node) under a
+    PodDisruptionBudget that lets one go at a time, so that drains wait for each other; how many."""
+    web = deployment("web", WORK, node_selector={"pool": "gpu"}, replicas=nodes)
+    guarded = deployment("guarded", WORK, node_selector={"pool": "gpu"}, replicas=max(3, nodes // 3))
+    budget: Obj = {
+        "apiVersion": "policy/v1beta1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "guarded", "namespace": WORK},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "guarded"}}},
+    }
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": WORK}}
+    apply_objects(plane.admin, [namespace, web, guarded, budget])
+    total = nodes + max(3, nodes // 3)
+    deadline = now() + 600
+    while now() < deadline:
+        pods = plane.admin.items(f"/api/v1/namespaces/{WORK}/pods")
+        if sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Running") >= total:
+            return total
+        time.sleep(1.0)
+    raise TimeoutError(f"the {total} pods were not Running within 600 s")
+
+
+def lifecycle_marks(obj: Obj) -> list[str]:
+    """What of this service holds the node (a leftover once every alert resolved): cordon, taint,
+    record, ownership annotations, a running drain, the condition still False."""
+    annotations = _annotations(obj)
+    marks = [m for m, on in (("cordon", _unschedulable(obj)), ("taint", _tainted(obj))) if on]
+    marks += [k.removeprefix(PREFIX) for k in (EPISODES, CORDONED_BY, TAINTS_ADDED) if k in annotations]
+    if annotations.get(DRAIN_STATUS) == "in-progress":
+        marks.append("drain in-progress")
+    if _condition(obj) == "False":
+        marks.append(f"{CONDITION}=False")
+    return marks
+
+
+def lifecycle_leftovers(obs: Observer) -> dict[str, list[str]]:
+    return {name: marks for name, obj in obs.nodes.items() if (marks := lifecycle_marks(obj))}
+
+
+def kept_annotations(obs: Observer) -> Counter[str]:
+    """The annotations of this service left on nodes that hold nothing (kept by design: the drain's
+    last status, the `rebooted` annotation that turns a fault after a reboot into a replacement)."""
+    out: Counter[str] = Counter()
+    for obj in obs.nodes.values():
+        for k, v in _annotations(obj).items():
+            if k.startswith(PREFIX) and k not in (EPISODES, CORDONED_BY, TAINTS_ADDED):
+                out[k.removeprefix(PREFIX) + (f"={v}" if k == DRAIN_STATUS else "")] += 1
+    return out
+
+
+@dataclass
+class EventCount:
+    per_episode: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    """(node, fingerprint, reason) -> Events written (each Event's count)."""
+    reasons: Counter[str] = field(default_factory=Counter)
+    objects: int = 0
+    unattributed: list[str] = field(default_factory=list)
+
+
+def count_events(plane: ControlPlane, am: Alertmanager, nodes: int) -> EventCount:
+    """This service's Events on nodes, each given to the episode it tells of: its node, the alertname
+    its message names, the newest fault of that kind on that node fired before it."""
+    index = {node_name(i): i for i in range(nodes)}
+    fired: dict[tuple[int, int], list[tuple[float, str]]] = {}
+    for fp, f in am.faults.items():
+        fired.setdefault((f.node, f.kind), []).append((am.fired_at[fp], fp))
+    out = EventCount()
+    for ev in plane.admin.items("/api/v1/namespaces/default/events"):
+        involved = ev.get("involvedObject") or {}
+        reason, message = str(ev.get("reason", "")), str(ev.get("message", ""))
+        if involved.get("kind") != "Node" or not reason.startswith("Accel"):
+            continue
+        out.objects += 1
+        if reason == "AccelConditionSet":
+            reason += " True" if f"{CONDITION}=True" in message else " False"
+        count = int(ev.get("count") or 1)
+        out.reasons[reason] += count
+        node = str(involved.get("name"))
+        kinds = [k for k, a in enumerate(ALERTNAMES) if a in message]
+        at = parse_time(ev.get("firstTimestamp") or ev.get("eventTime"))
+        before = [
+            (t, fp)
+            for t, fp in fired.get((index.get(node, -1), kinds[0] if kinds else -1), [])
+            if at and t <= at + 1
+        ]
+        if not before:
+            out.unattributed.append(f"{node} {reason}: {message[:100]}")
+            continue
+        out.per_episode[(node, max(before)[1], reason)] += count
+    return out
+
+
+async def leader_state(bench: Bench) -> dict[str, Any] | None:
+    """GET /state of the ready replica (the leader)."""
+    target = bench.target()
+    if target is None:
+        return None
+    async with bench.http.get(
+        target.url + "/state",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=aiohttp.ClientTimeout(total=30),
+    ) as resp:
+        body: dict[str, Any] = await resp.json()
+        return body
+
+
+async def until_released(bench: Bench, within: float) -> float | None:
+    """Seconds until every group is delivered and no node holds anything of this service."""
+    start = now()
+    while now() - start < within:
+        if bench.am.settled and not lifecycle_leftovers(bench.observer):
+            return now() - start
+        await asyncio.sleep(0.5)
+    return None
+
+
+async def lifecycle(bench: Bench, args: argparse.Namespace, kubelet: FakeKubelet) -> bool:
+    """The kills while faults fire and resolve under the lifecycle policy; then every alert resolved."""
+    obs = bench.observer
+    obs.rules = frozenset({RULE, REBOOT_RULE})
+    obs.step_drain, obs.step_aws, obs.reboot_rule = STEP_DRAIN, STEP_LIFECYCLE_AWS, REBOOT_RULE
+    loop = asyncio.get_running_loop()
+    rng = random.Random(args.seed + 7)
+    reboots: set[asyncio.Task[Any]] = set()
+
+    def boot(node: str) -> None:
+        task = asyncio.create_task(asyncio.to_thread(kubelet.reboot, node))
+        reboots.add(task)
+        task.add_done_callback(reboots.discard)
+
+    def rebooted(instance: str) -> None:
+        node = bench.node_of.get(instance, instance)
+        loop.call_later(2.0, obs.call_made, "RebootInstances", node)
+        loop.call_later(rng.uniform(*REBOOT_SECONDS), boot, node)
+
+    def unhealthy(instance: str) -> None:
+        loop.call_later(2.0, obs.call_made, "SetInstanceHealth", bench.node_of.get(instance, instance))
+
+    bench.aws.on_reboot, bench.aws.on_unhealthy = rebooted, unhealthy
+    script = make_script(
+        args.seed,
+        tag=0xB0,
+        nodes=args.nodes,
+        seconds=3600,
+        rate=args.rate,
+        durations=(30.0, 90.0),
+        gap=EPISODE_GAP,
+    )
+    for _ in range(2):
+        bench.spawn()
+    await bench.pair(within=180)
+    stop = asyncio.Event()
+    player = asyncio.create_task(play(bench.am, script, stop=stop))
+    t0 = now()
+    bench.audit.skip()
+    await asyncio.sleep(args.warmup)  # alerts arrive, drains start, before the first kill
+    ok_kills = await figure_kills(bench, args, t0)
+    await asyncio.sleep(args.tail)  # the last kill's new leader carries on
+    stop.set()
+    await player
+    played = now() - t0
+    bench.am.resolve_all()
+    released = await until_released(bench, 300)
+    quiet = await bench.settle(quiet=10.0, within=120.0)
+    state = await leader_state(bench)
+    ok = await report_lifecycle(
+        bench, args, t0=t0, played=played, released=released, quiet=quiet, state=state
+    )
+    print(
+        f"\nlifecycle across {args.kills} SIGKILLs: {'PASS' if ok else 'FAIL'}"
+        + ("" if ok_kills else " (the fail-over time goal above was missed: not part of this verdict)")
+    )
+    return ok
+
+
+async def report_lifecycle(
+    bench: Bench,
+    args: argparse.Namespace,
+    *,
+    t0: float,
+    played: float,
+    released: float | None,
+    quiet: bool,
+    state: dict[str, Any] | None,
+) -> bool:
+    obs = bench.observer
+    audit = await asyncio.to_thread(bench.audit.read)
+    events = await asyncio.to_thread(count_events, bench.plane, bench.am, args.nodes)
+    evictions = Counter(e.code for e in audit if (e.verb, e.resource) == ("create", "pods/eviction"))
+    event_writes = Counter(e.verb for e in audit if e.resource == "events" and e.verb in WRITES)
+    am = bench.am
+
+    print(f"\nDrains, reboots and Events across {args.kills} SIGKILLs ({played:.0f} s of alerts)")
+    answers = ", ".join(f"{k}: {v}" for k, v in sorted(am.answers.items()))
+    print(
+        f"  {am.fired} faults fired on {len(am.nodes)} nodes ({args.nodes} nodes, {bench.pods} pods); "
+        f"deliveries answered {answers}"
+    )
+    print(
+        f"  cordons {obs.transitions['cordon']}, taints {obs.transitions['taint']}, drain starts "
+        f"{obs.transitions['drain']}; evictions asked {sum(evictions.values())} "
+        f"({', '.join(f'{c}: {n}' for c, n in sorted(evictions.items()))}); RebootInstances "
+        f"{len(bench.aws.reboots)}, SetInstanceHealth Unhealthy {len(bench.aws.unhealthy)} (moto)"
+    )
+    print(
+        f"  Events: {events.objects} objects ({event_writes['create']} created, {event_writes['patch']} "
+        f"count bumps in the audit log): " + ", ".join(f"{r} {n}" for r, n in sorted(events.reasons.items()))
+    )
+    worst: dict[str, int] = {}
+    for (_, _, _, what), n in obs.per_episode.items():
+        worst[what] = max(worst.get(what, 0), n)
+    for (_, _, reason), n in events.per_episode.items():
+        worst[reason] = max(worst.get(reason, 0), n)
+    twice = [(k, n) for k, n in obs.per_episode.items() if n > 1]
+    twice_events = [(k, n) for k, n in events.per_episode.items() if n > 1]
+    ok_once = not twice and not twice_events and not events.unattributed
+    print("  per node and episode, at most (goal <= 1 each):")
+    for what in ("cordon", "taint", "drain start", "RebootInstances", "SetInstanceHealth"):
+        print(f"    {what:<34} {worst.get(what, 0)}")
+    for reason in sorted(events.reasons):
+        print(f"    Event {reason:<28} {worst.get(reason, 0)}")
+    print(
+        f"  ({len(obs.per_episode)} (episode, action) and {len(events.per_episode)} (episode, Event reason) "
+        f"pairs): {verdict(ok_once)}"
+    )
+    for (node, fp, start, what), n in twice[:10]:
+        print(f"    {what} {n} times: {node}, episode {fp} @ {rfc3339(start)}")
+    for (node, fp, reason), n in twice_events[:10]:
+        print(f"    Event {reason} {n} times: {node}, episode {fp} fired at t+{am.fired_at[fp] - t0:.0f}s")
+    for line in events.unattributed[:5]:
+        print(f"    Event of no episode: {line}")
+    other = dict(obs.violations.counts)
+    ok_attr = not other
+    print(
+        f"  budget: at most {obs.max_held} nodes held in {obs.samples} samples (goal <= {BUDGET}); every "
+        f"cordon, taint, drain start and AWS call recorded on its node: {verdict(ok_attr)}"
+    )
+    for kind, n in other.items():
+        print(f"    {kind}: {n}, e.g. {'; '.join(obs.violations.examples[kind])}")
+    left = lifecycle_leftovers(obs)
+    held = {} if state is None else state["budget"]["holders"]
+    in_use = None if state is None else state["budget"]["in_use"]
+    drains = {} if state is None else state["drains"]
+    holds = {} if state is None else state.get("holds", {})
+    ok_left = (
+        released is not None
+        and quiet
+        and not left
+        and state is not None
+        and not held
+        and not drains
+        and not holds
+    )
+    print(
+        f"  after every alert resolved: nothing held on any node after {_fmt(released)} (goal <= 300 s), "
+        f"quiet for 10 s: {'yes' if quiet else 'NO'}; the leader's /state: budget {in_use} in use, "
+        f"{len(held)} holders, {len(drains)} drains running, {len(holds)} nodes with a hold: "
+        + verdict(ok_left)
+    )
+    if left:
+        print(f"    still held: {dict(list(left.items())[:8])}")
+    if held or drains or holds:
+        print(f"    holders {list(held)[:8]}, drains {list(drains)[:8]}, holds {list(holds)[:8]}")
+    kept = kept_annotations(obs)
+    if kept:
+        print(
+            "    kept by design on released nodes: " + ", ".join(f"{k} {n}" for k, n in sorted(kept.items()))
+        )
+    return ok_once and ok_attr and ok_left
+
+
 @contextlib.contextmanager
 def workdir_of(path: str | None) -> Iterator[Path]:
     if path:
@@ -1778,56 +2212,79 @@ def workdir_of(path: str | None) -> Iterator[Path]:
 
 
 async def run(args: argparse.Namespace) -> bool:
-    with workdir_of(args.workdir) as workdir:
+    with workdir_of(args.workdir) as workdir, contextlib.ExitStack() as stack:
         t0 = now()
-        with control_plane(workdir / "control-plane") as plane:
-            aws = Aws(workdir)
-            aws.start_moto()  # from this thread: a child dies with the thread that started it
-            instances = await asyncio.to_thread(aws.make_group, args.nodes)
-            await asyncio.to_thread(populate, plane, workdir, instances)
-            accounts = []
-            for i in range(3):
-                name = f"bench-failover-{i}"
-                token = await asyncio.to_thread(plane.cluster_admin_account, NS, name)
-                accounts.append(Account(name=name, token=token))
-            print(
-                f"real API server with {args.nodes} nodes, moto with as many instances in an Auto Scaling "
-                f"group, up in {now() - t0:.0f} s; logs in {workdir}"
+        plane = stack.enter_context(control_plane(workdir / "control-plane"))
+        aws = Aws(workdir)
+        aws.start_moto()  # from this thread: a child dies with the thread that started it
+        instances = await asyncio.to_thread(aws.make_group, args.nodes)
+        kubelet = None
+        if args.lifecycle:
+            settings = KubeletSettings(tick=0.5, start_delay=0.5, terminate_delay=0.5)
+            kubelet = FakeKubelet(plane=plane, workdir=workdir, settings=settings)
+        await asyncio.to_thread(populate, plane, workdir, instances, kubelet)
+        accounts = []
+        for i in range(3):
+            name = f"bench-failover-{i}"
+            token = await asyncio.to_thread(plane.cluster_admin_account, NS, name)
+            accounts.append(Account(name=name, token=token))
+        pods, server = 0, None
+        if kubelet is not None:
+            kubelet.start()
+            stack.callback(kubelet.stop)
+            pods = await asyncio.to_thread(workload, plane, args.nodes)
+            # The replicas speak policy/v1 (evictions, budgets); this 1.20 server serves v1beta1.
+            server = stack.enter_context(skew_proxy(plane))
+        print(
+            f"real API server with {args.nodes} nodes"
+            + (f" and {pods} pods (the kubelet played)" if pods else "")
+            + f", moto with as many instances in an Auto Scaling group, up in {now() - t0:.0f} s; "
+            f"logs in {workdir}"
+        )
+        context = ssl.create_default_context(cafile=str(plane.pki.ca_cert))
+        async with (
+            aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=context),
+                headers={"Authorization": f"Bearer {plane.admin_token}"},
+                read_bufsize=4 * 1024 * 1024,
+            ) as api,
+            aiohttp.ClientSession() as http,
+        ):
+            bench = Bench(
+                plane=plane,
+                workdir=workdir,
+                accounts=accounts,
+                api=api,
+                http=http,
+                aws=aws,
+                instances=instances,
+                seed=args.seed,
+                policy=LIFECYCLE_POLICY if args.lifecycle else POLICY,
+                server=server,
             )
-            context = ssl.create_default_context(cafile=str(plane.pki.ca_cert))
-            async with (
-                aiohttp.ClientSession(
-                    connector=aiohttp.TCPConnector(ssl=context),
-                    headers={"Authorization": f"Bearer {plane.admin_token}"},
-                    read_bufsize=4 * 1024 * 1024,
-                ) as api,
-                aiohttp.ClientSession() as http,
-            ):
-                bench = Bench(
-                    plane=plane,
-                    workdir=workdir,
-                    accounts=accounts,
-                    api=api,
-                    http=http,
-                    aws=aws,
-                    instances=instances,
-                    seed=args.seed,
-                )
-                await bench.start()
-                try:
-                    ok = True
-                    if "f" in args.parts:
-                        ok = await figures(bench, args) and ok
-                    if "c" in args.parts:
-                        ok = await compare(bench, args) and ok
-                finally:
-                    await bench.close()
-                return ok
+            bench.pods = pods
+            await bench.start()
+            try:
+                ok = True
+                if kubelet is not None:
+                    ok = await lifecycle(bench, args, kubelet)
+                elif "f" in args.parts:
+                    ok = await figures(bench, args) and ok
+                if kubelet is None and "c" in args.parts:
+                    ok = await compare(bench, args) and ok
+            finally:
+                await bench.close()
+            return ok
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=2000)
+    parser.add_argument(
+        "--lifecycle",
+        action="store_true",
+        help="drains, reboots and Events across the kills (default 200 nodes, rate 0.3)",
+    )
+    parser.add_argument("--nodes", type=int, help="default 2000 (--lifecycle: 200)")
     parser.add_argument("--kills", type=int, default=20, help="SIGKILL fail-overs (default 20)")
     parser.add_argument(
         "--failed-reads", type=int, default=3, help="fail-overs with a failed read (default 3)"
@@ -1836,13 +2293,23 @@ def main() -> int:
     parser.add_argument(
         "--partitions", type=int, default=3, help="leaders cut off from the Lease only (default 3)"
     )
-    parser.add_argument("--rate", type=float, default=1.0, help="faults a second (default 1)")
+    parser.add_argument("--rate", type=float, help="faults a second (default 1; --lifecycle: 0.3)")
+    parser.add_argument(
+        "--warmup", type=float, default=30.0, help="--lifecycle: seconds of faults before the first kill"
+    )
+    parser.add_argument(
+        "--tail", type=float, default=20.0, help="--lifecycle: seconds of faults after the last kill"
+    )
     parser.add_argument("--compare-seconds", type=float, default=360.0, help="the comparison's script length")
     parser.add_argument("--compare-kill-at", type=float, default=300.0, help="its fail-over (default 300 s)")
     parser.add_argument("--parts", default="fc", help="f: figures 5 and 6; c: the comparison (default fc)")
     parser.add_argument("--seed", type=int, default=23)
     parser.add_argument("--workdir", help="keep the control plane's and the replicas' files and logs here")
     args = parser.parse_args()
+    if args.nodes is None:
+        args.nodes = 200 if args.lifecycle else 2000
+    if args.rate is None:
+        args.rate = 0.3 if args.lifecycle else 1.0
     reason = control_plane_skip_reason()
     if reason:
         print(f"skipped: {reason}")

@@ -35,6 +35,8 @@ class AwsActuator:
         self._clock = clock
         self._confirmed: set[tuple[str, str]] = set()
         """(node, boot id) whose reboot call this process saw succeed."""
+        self._failed: set[tuple[str, str]] = set()
+        """(node, boot id) whose reboot call this process saw fail (asked again at once)."""
 
     async def unhealthy(  # noqa: PLR0911  one return per outcome: skipped, deferred, handed over, done
         self, ctx: Context, node: Node, *, handover: str = "", why: str = ""
@@ -57,7 +59,7 @@ class AwsActuator:
         prefix = f"{why}; " if why else ""
         if asked and handover and _handed_over(node, handover):
             return self._marked(
-                ctx, node, prefix, details, f"{handover}=False already set (asked for before)"
+                ctx, node, prefix, details, f"{handover}=False already set (asked for before)", told=True
             )
         if not asked and (held := self._gates.check(ctx, "aws_set_unhealthy", node.name)) is not None:
             return held
@@ -81,7 +83,9 @@ class AwsActuator:
                 details=details,
             )
         if state != "Healthy" and asked:
-            return self._marked(ctx, node, prefix, details, f"already {state} (asked for before a fail-over)")
+            return self._marked(
+                ctx, node, prefix, details, f"already {state} (asked for before a fail-over)", told=True
+            )
         if state != "Healthy":
             return ActionResult(
                 "skipped", f"{instance} is already {state} in its Auto Scaling group (not by accel-health)"
@@ -95,9 +99,18 @@ class AwsActuator:
         return self._marked(ctx, node, prefix, details)
 
     def _marked(
-        self, ctx: Context, node: Node, prefix: str, details: Mapping[str, Any], how: str = ""
+        self,
+        ctx: Context,
+        node: Node,
+        prefix: str,
+        details: Mapping[str, Any],
+        how: str = "",
+        *,
+        told: bool = False,
     ) -> ActionResult:
+        """`told`: asked for before (an earlier leader), whose Event told of it then."""
         self._gates.commit(ctx, "aws_set_unhealthy", node.name)
+        details = {**details, "resumed": True} if told else details
         instance = details["instance_id"]
         text = f"{instance} Unhealthy in its Auto Scaling group (no grace period): it gets replaced"
         suffix = f" ({how})" if how else ""
@@ -146,7 +159,7 @@ class AwsActuator:
             )
         asked = bool(ctx.intent >> ctx.index & 1)
         if asked:
-            return await self._reboot_again(ctx, node, instance)
+            return await self._reboot_again(ctx, node, instance, action)
         step, why = reboot_step(node, action, now=self._clock())
         if step == "replace":
             return await self.unhealthy(ctx, node, handover=action.handover_condition, why=why)
@@ -163,8 +176,7 @@ class AwsActuator:
                 rebooted_annotation(node, now=self._clock()),
                 record=ctx.record("aws_reboot", self._clock()),
             )
-            await self._aws.reboot(instance)
-            self._confirmed.add((node.name, node.boot_id))
+            await self._call_reboot(node, instance)
         self._gates.commit(ctx, "aws_reboot", node.name)
         return done(
             ctx,
@@ -173,9 +185,22 @@ class AwsActuator:
             details={"instance_id": instance},
         )
 
-    async def _reboot_again(self, ctx: Context, node: Node, instance: str) -> ActionResult:
+    async def _call_reboot(self, node: Node, instance: str) -> None:
+        key = (node.name, node.boot_id)
+        try:
+            await self._aws.reboot(instance)
+        except BaseException:
+            self._failed.add(key)
+            raise
+        self._failed.discard(key)
+        self._confirmed.add(key)
+
+    async def _reboot_again(self, ctx: Context, node: Node, instance: str, action: AwsReboot) -> ActionResult:
         """The node's record says the reboot was asked for; this process did not see the call go
-        through. Read the state (the boot id the intent recorded), then call again or not."""
+        through. Read the state (the boot id the intent recorded), then call again or not: a call
+        this process saw fail is made again; one an earlier leader made (or died before making: it
+        cannot tell) is waited for until the node could have booted (REBOOT_PATIENCE_SECONDS, as a
+        new episode waits), so that a fail-over does not reboot the node a second time."""
         details = {"instance_id": instance}
         if (node.name, node.boot_id) in self._confirmed:
             return ActionResult("skipped", f"reboot of {instance} asked for already", details=details)
@@ -186,12 +211,20 @@ class AwsActuator:
                 ctx,
                 f"{instance} rebooted (asked for before; a new boot id since)",
                 would="",
-                details=details,
+                details={**details, "resumed": True},  # the Event of the call told of it
             )
+        if (node.name, node.boot_id) not in self._failed:
+            step, why = reboot_step(node, action, now=self._clock())
+            if step == "wait":
+                self._gates.commit(ctx, "aws_reboot", node.name, rate=False)
+                return ActionResult(
+                    "skipped",
+                    f"{why} (asked for before a fail-over): waiting for it to boot, not rebooted again",
+                    details=details,
+                )
         if not self._aws.enabled:
             return ActionResult("skipped", OFF.format(what=f"{instance} not rebooted"))
-        await self._aws.reboot(instance)  # the intent is on the node already
-        self._confirmed.add((node.name, node.boot_id))
+        await self._call_reboot(node, instance)  # the intent is on the node already
         self._gates.commit(ctx, "aws_reboot", node.name, rate=False)
         return done(
             ctx,

@@ -86,10 +86,14 @@ class EventRecorder:
     def fault_seen(self, ctx: Context, *, held: bool) -> NodeEvent | None:
         """The Event that says the fault was seen: once per firing alert, with its first decision
         (`events: all` only; none on a protected or missing node, or while `held` by the pause or
-        the storm breaker)."""
+        the storm breaker; none after a fail-over for an episode whose steps the node's record
+        shows)."""
         alert = ctx.alert
         if self.mode != "all" or alert.status != "firing" or ctx.node is None or ctx.protected or held:
             return None
+        if ctx.steps or ctx.intent:
+            return None  # a step of the episode was decided (here, or by an earlier leader: the node's
+            # record says so), and the Event of the first one told of the fault
         if not self._seen((alert.fingerprint, ctx.start, alert.status, "fault-seen", ctx.dry_run)):
             return None  # told already
         alertname = alert.labels.get("alertname", "AcceleratorFault")
@@ -101,6 +105,9 @@ class EventRecorder:
         """The Event of a decided node action, as the policy's `events` setting wants it."""
         if ctx.node is None or ctx.protected or result.gate in HOLD_EVERYTHING:
             return None
+        if result.details.get("resumed"):
+            return None  # decided before (a drain started, an AWS call asked for by an earlier
+            # leader): its Event was told then
         alertname = ctx.alert.labels.get("alertname", "AcceleratorFault")
         event = action_event(action, result.outcome, result.done or result.reason, alertname=alertname)
         return event if event is not None and self.wanted(event) else None

@@ -123,10 +123,14 @@ class DrainRunner:
     async def start(self, ctx: Context, node: Node, action: Drain) -> ActionResult:
         running = None if ctx.dry_run else self.running.get(node.name)
         if running is not None:
+            # A drain resumed after a fail-over is joined again by the episodes that joined it then
+            # (their earlier steps are on the node's record): told then, not again.
+            told = running.resumed and bool(ctx.steps)
             return ActionResult(
                 "started",
                 f"joins the drain of {node.name} running since {running.as_json()['since']}; "
                 "its end is recorded here too",
+                details={"resumed": True} if told else {},
             )
         if self.stopping and not ctx.dry_run:
             raise BackendUnavailable("shutting down; the drain starts with the next delivery")
@@ -164,7 +168,7 @@ class DrainRunner:
             node.name, settings, record=ctx.record("drain", self._clock(), decided=False)
         )
         self._gates.commit(ctx, "drain", node.name, rate=not again)
-        running = RunningDrain(node=node.name, since=self._clock(), settings=settings)
+        running = RunningDrain(node=node.name, since=self._clock(), settings=settings, resumed=again)
         self.running[node.name] = running
         running.task = asyncio.create_task(self._run(running), name=f"drain {node.name}")
         self.tasks.add(running.task)
@@ -173,7 +177,11 @@ class DrainRunner:
             "started",
             f"drain started in the background (timeout {action.timeout_seconds}s): "
             f"{plan.summary(dry_run=False)}; its end is recorded when it comes",
-            details={**details, "timeout_seconds": action.timeout_seconds},
+            details={
+                **details,
+                "timeout_seconds": action.timeout_seconds,
+                **({"resumed": True} if again else {}),
+            },
         )
 
     def _ended(self, running: RunningDrain, outcome: DrainOutcome) -> RecordChange | None:

@@ -238,6 +238,7 @@ class RunningDrain:
     task: asyncio.Task[None] | None = None
     ended: bool = False  # Cluster.drain returned (or raised): only the bookkeeping is left
     stopped: str = ""  # why it was stopped before its end (a human's uncordon): recorded `stopped`
+    resumed: bool = False  # started before (an earlier leader, or an interrupted start): told then
 
     def as_json(self) -> dict[str, Any]:
         return {

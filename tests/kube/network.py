@@ -107,7 +107,13 @@ class SkewProxy:
             path = _POLICY_V1.sub(r"/apis/policy/v1beta1\1", path)
         if skewed:
             body = body.replace(b'"policy/v1"', b'"policy/v1beta1"')
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+        # Answers come uncompressed: the upstream session does not decompress, and a gzipped answer
+        # (the API server compresses those over 128 KiB, a list of many nodes) would reach the client
+        # without its Content-Encoding, and could not be rewritten.
+        headers = {
+            k: v for k, v in request.headers.items() if k.lower() not in (*_HOP_HEADERS, "accept-encoding")
+        }
+        headers["Accept-Encoding"] = "identity"
         url = self.upstream + path + (f"?{request.query_string}" if request.query_string else "")
         async with self._session.request(request.method, url, headers=headers, data=body or None) as up:
             self.requests.append((request.method, request.path, up.status))

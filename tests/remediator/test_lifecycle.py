@@ -367,12 +367,20 @@ async def test_a_fault_firing_at_the_moment_of_the_return_stops_it() -> None:
 # -- a drain nobody runs --------------------------------------------------------------------------
 
 
-def left_draining() -> tuple[SnapshotCluster, Engine]:
-    """A node a previous leader cordoned and started draining, then died; a new engine over it."""
-    episode = Episode(
-        fingerprint="fp-1", rule="drain", alertname="AccelGPUFatalXid", start=1_795_860_000, steps=0b011
+def left_draining(*, episodes: int = 1) -> tuple[SnapshotCluster, Engine]:
+    """A node a previous leader cordoned and started draining (for `episodes` alerts), then died; a
+    new engine over it."""
+    started = tuple(
+        Episode(
+            fingerprint=f"fp-{i + 1}",
+            rule="drain",
+            alertname="AccelGPUFatalXid",
+            start=1_795_860_000,
+            steps=0b011,
+        )
+        for i in range(episodes)
     )
-    record = RecordChange(episodes=(episode,), kind="drain", at=1_795_860_000, phase="draining").apply(
+    record = RecordChange(episodes=started, kind="drain", at=1_795_860_000, phase="draining").apply(
         NodeRecord()
     )
     node = gpu("gpu-1")
@@ -409,6 +417,25 @@ async def test_a_node_queued_before_a_new_leaders_rebuild_is_reconciled_after_it
     assert ("drain", "stopped") not in decisions(engine)
     assert ("drain", "started") in decisions(engine)
     assert cluster.nodes["gpu-1"].annotations[DRAIN_STATUS] == "done"
+
+
+async def test_a_drain_a_previous_leader_started_is_not_told_started_again_when_it_is_resumed() -> None:
+    """The drain's start was told (AccelDrainStarted, with AccelFaultDetected before it) by the leader
+    that started it; the next leader tells only its end (bench_failover --lifecycle: both twice)."""
+    cluster, engine = left_draining()
+    await engine.sync()
+    await settled(engine)
+    assert ("drain", "started") in decisions(engine)
+    assert [e["reason"] for e in cluster.events] == ["AccelDrainFinished", "AccelInstanceMarkedUnhealthy"]
+
+
+async def test_an_episode_that_joined_a_drain_before_a_fail_over_is_not_told_it_started_again() -> None:
+    cluster, engine = left_draining(episodes=2)
+    await engine.sync()
+    await settled(engine)
+    assert [(a, o) for a, o in decisions(engine) if a == "drain"].count(("drain", "started")) == 2
+    assert "AccelDrainStarted" not in [e["reason"] for e in cluster.events]
+    assert "AccelFaultDetected" not in [e["reason"] for e in cluster.events]
 
 
 async def test_a_drain_whose_alert_resolved_meanwhile_is_ended_and_holds_no_slot_after_an_uncordon() -> None:
@@ -455,6 +482,47 @@ async def test_a_reboot_whose_call_failed_is_asked_for_again() -> None:
     await engine.handle(alert("gpu-1", remediation="reboot"))  # and once more: nothing again
     assert [op for op, _ in aws.calls] == ["RebootInstances"]
     assert record_of(cluster).phase == "repair"
+
+
+async def test_a_new_leader_before_the_node_booted_neither_reboots_it_again_nor_tells_the_fault_again() -> (
+    None
+):
+    """A fail-over after the reboot's call, before the node booted (bench_failover --lifecycle: a
+    second RebootInstances, AccelFaultDetected and AccelInstanceRebooted for one episode)."""
+    cluster = SnapshotCluster(nodes=[gpu("gpu-1")] + [gpu(f"n{i}") for i in range(8)], pods=[], pdbs=[])
+    aws = RecordingAws()
+    clock = FakeClock()
+    await engine_on(cluster, aws=aws, clock=clock).handle(alert("gpu-1", remediation="reboot"))
+    assert [op for op, _ in aws.calls] == ["RebootInstances"]
+    told = [e["reason"] for e in cluster.events]
+    assert told == ["AccelFaultDetected", "AccelInstanceRebooted"]
+    clock.now += 10  # the leader dies; the next one reads the same node, not booted yet
+    leader = engine_on(cluster, aws=aws, clock=clock)
+    await leader.handle(alert("gpu-1", remediation="reboot"))  # Alertmanager's resend
+    assert [op for op, _ in aws.calls] == ["RebootInstances"]
+    assert [e["reason"] for e in cluster.events] == told
+    cluster.rebooted("gpu-1", "boot-b")
+    clock.now += 10  # and the next leader, after the node booted
+    await engine_on(cluster, aws=aws, clock=clock).handle(alert("gpu-1", remediation="reboot"))
+    assert [op for op, _ in aws.calls] == ["RebootInstances"]
+    assert [e["reason"] for e in cluster.events] == told
+
+
+async def test_a_new_leader_does_not_tell_again_an_instance_marked_unhealthy_before() -> None:
+    cluster = SnapshotCluster(nodes=[gpu("gpu-1")] + [gpu(f"n{i}") for i in range(8)], pods=[], pdbs=[])
+    aws = RecordingAws()
+    dead = engine_on(cluster, aws=aws)
+    await dead.handle(alert("gpu-1"))
+    await settled(dead)
+    assert [op for op, _ in aws.calls] == ["SetInstanceHealth"]
+    told = [e["reason"] for e in cluster.events]
+    assert told[-1] == "AccelInstanceMarkedUnhealthy"
+    leader = engine_on(cluster, aws=aws)  # after a fail-over: the intent on the record, the instance
+    await leader.handle(alert("gpu-1"))  # Unhealthy already
+    await settled(leader)
+    assert [op for op, _ in aws.calls] == ["SetInstanceHealth"]
+    assert ("aws_set_unhealthy", "done") in decisions(leader)
+    assert [e["reason"] for e in cluster.events] == told
 
 
 # -- phases ----------------------------------------------------------------------------------------

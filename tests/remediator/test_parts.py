@@ -43,6 +43,7 @@ from remediator.intake.payload import Alert
 from remediator.lifecycle.drains import DrainRunner
 from remediator.lifecycle.model import Context, RunningDrain
 from remediator.lifecycle.record import RecordChange, read
+from remediator.lifecycle.repair import REBOOT_PATIENCE_SECONDS
 from remediator.lifecycle.view import NodeView
 from remediator.policy import AwsReboot, Drain, parse_policy
 from tests.remediator.conftest import FakeClock
@@ -290,6 +291,34 @@ async def test_a_reboots_intent_is_written_before_ec2_is_called_and_a_failed_cal
     assert later.outcome == "done"
     assert "a new boot id since" in later.reason
     assert len(ec2.calls) == 2
+
+
+async def test_a_reboot_an_earlier_leader_asked_for_is_not_asked_again_before_the_node_could_boot() -> None:
+    """A fail-over between the reboot's call and the node's boot: the new leader finds the intent and
+    the same boot id, as it would had the call failed, but it cannot tell; within the reboot's
+    patience it waits for the boot instead of rebooting the node a second time (bench_failover
+    --lifecycle saw RebootInstances twice for one episode)."""
+    clock = FakeClock()
+    nodes = Nodes(gpu(boot_id="boot-a"))
+    ec2 = Ec2(nodes, failures=0)
+    action = POLICY.rules[0].actions[2]
+    assert isinstance(action, AwsReboot)
+    dead = AwsActuator(aws=ec2, nodes=nodes, gates=gates(clock), clock=clock)
+    first = await dead.reboot(context(nodes.nodes["gpu-1"], index=2), nodes.nodes["gpu-1"], action)
+    assert first.outcome == "done"
+    assert [c for c, _ in ec2.calls] == ["reboot"]
+    clock.now += 10  # the leader dies; the next one takes over before the node booted
+    leader = AwsActuator(aws=ec2, nodes=nodes, gates=gates(clock), clock=clock)
+    node = nodes.nodes["gpu-1"]
+    again = await leader.reboot(context(node, index=2, intent=0b100), node, action)
+    assert [c for c, _ in ec2.calls] == ["reboot"]  # not rebooted twice
+    assert again.outcome == "skipped"
+    assert "waiting for it to boot" in again.reason
+    # A reboot asked for that never happened (same boot id past the patience) is asked for again.
+    clock.now += REBOOT_PATIENCE_SECONDS
+    late = AwsActuator(aws=ec2, nodes=nodes, gates=gates(clock), clock=clock)
+    assert (await late.reboot(context(node, index=2, intent=0b100), node, action)).outcome == "done"
+    assert [c for c, _ in ec2.calls] == ["reboot", "reboot"]
 
 
 # -- DrainRunner ------------------------------------------------------------------------------------
