@@ -344,35 +344,27 @@ def populate(plane: ControlPlane, workdir: Path, ship: Shipped, nodes: int) -> t
     index = {node_name(i): i for i in range(nodes)}
     bound: set[str] = set()
 
-    def place(pod: Obj) -> None:
-        meta = pod["metadata"]
-        if meta["namespace"] == NS:
-            node = daemon_node(pod)
-            bind_and_run(plane, pod, node, exporter_ip(index[node]))
-        else:
-            job = int(meta["labels"]["app"].rsplit("-", 1)[1])
-            slot = free_slots[job].pop()
-            bind_and_run(plane, pod, node_name(slot), trainer_ip(slot))
-
     free_slots = {j: list(range(j * JOB_SIZE, min(nodes, (j + 1) * JOB_SIZE))) for j in range(jobs)}
-    want = 2 * nodes + (jobs * JOB_SIZE - nodes)  # the last job's extra replicas stay Pending
+    want = 2 * nodes  # the last job's replicas beyond the last node stay Pending
     deadline = time.monotonic() + 600
     while len(bound) < want and time.monotonic() < deadline:
-        todo = []
+        todo: list[tuple[Obj, str, str]] = []
         for namespace, selector in ((NS, f"app.kubernetes.io/name={EXPORTER}"), (WORK, None)):
             query = {"labelSelector": selector} if selector else {}
             for pod in plane.admin.items(f"/api/v1/namespaces/{namespace}/pods", **query):
                 if pod["metadata"]["uid"] in bound:
                     continue
-                if (
-                    namespace == WORK
-                    and not free_slots[int(pod["metadata"]["labels"]["app"].rsplit("-", 1)[1])]
-                ):
+                if namespace == NS:
+                    node = daemon_node(pod)
+                    todo.append((pod, node, exporter_ip(index[node])))
                     continue
-                todo.append(pod)
+                slots = free_slots[int(pod["metadata"]["labels"]["app"].rsplit("-", 1)[1])]
+                if slots:
+                    slot = slots.pop()
+                    todo.append((pod, node_name(slot), trainer_ip(slot)))
         with ThreadPoolExecutor(max_workers=8) as pool:
-            list(pool.map(place, todo))
-        bound |= {p["metadata"]["uid"] for p in todo}
+            list(pool.map(lambda t: bind_and_run(plane, *t), todo))
+        bound |= {p["metadata"]["uid"] for p, _, _ in todo}
         if len(bound) < want:
             time.sleep(1.0)
     if len(bound) < want:
@@ -583,10 +575,9 @@ class Alertmanager:
         return web.Response(body=body, content_type="application/json")
 
     async def fire(self) -> None:
-        """Each alert at its moment (Alertmanager has it, and shows it, before it notifies)."""
+        """Each alert at its moment: its API shows it from then on."""
         for i, f in enumerate(self.storm):
             await asyncio.sleep(max(0.0, self.t0 + f.at - time.time()))
-            f.starts = rfc3339(self.t0 + f.at)
             self.fired = i + 1
 
     async def group(self, node: str, alerts: list[Fired], phase: str) -> None:
@@ -597,7 +588,7 @@ class Alertmanager:
         sent: set[str] = set()
         tick = first
         while True:
-            firing = [f for f in alerts if f.starts and self.t0 + f.at <= time.time()]
+            firing = [f for f in alerts if self.t0 + f.at <= time.time()]
             if {f.fingerprint for f in firing} != sent:
                 await self.deliver(node, firing, phase)
                 sent = {f.fingerprint for f in firing}
@@ -643,6 +634,7 @@ class Alertmanager:
     async def storm_phase(self) -> None:
         by_node: dict[str, list[Fired]] = {}
         for f in self.storm:
+            f.starts = rfc3339(self.t0 + f.at)
             by_node.setdefault(f.node, []).append(f)
         await asyncio.gather(self.fire(), *(self.group(n, a, "storm") for n, a in by_node.items()))
 
@@ -1031,7 +1023,7 @@ def report(
         f"; writes during the resends (leases aside): {sum(resend_by.values())}"
         + (f" ({dict(resend_by)})" if resend_by else "")
     )
-    gates = metric_values(metrics, "accel_remediator_storm_breaker_open")
+    gates = metric_values(metrics, "accel_remediator_breaker_open")
     polls = metric_values(metrics, "accel_remediator_alertmanager_polls_total")
     print(
         f"  breaker open: {gates[0][1] if gates else '?'}; Alertmanager reads by the remediator: "
