@@ -389,8 +389,8 @@ def kubeconfig(path: Path, *, server: str, ca: Path, token: str) -> Path:
 
 WRAPPER = """
 import cProfile, faulthandler, signal, sys
-from remediator.cli import main
 faulthandler.register(signal.SIGUSR1, all_threads=True)
+from remediator.cli import main
 profile = sys.argv[1]
 prof = cProfile.Profile() if profile else None
 if prof is not None:
@@ -708,6 +708,8 @@ class Exporters:
 class Sampler:
     remediator: Remediator
     stacks_every: float
+    armed: bool = False
+    """Dumps only once it is ready (before, SIGUSR1 could come before faulthandler is registered)."""
     rss: list[tuple[float, float]] = field(default_factory=list)
     cpu: list[tuple[float, float]] = field(default_factory=list)
     dumps: int = 0
@@ -718,7 +720,12 @@ class Sampler:
             now = time.time()
             self.rss.append((now, self.remediator.rss_mib()))
             self.cpu.append((now, self.remediator.cpu_seconds()))
-            if self.stacks_every and now - last_dump >= self.stacks_every and self.busy(now, 2.0) > 0.5:
+            if (
+                self.armed
+                and self.stacks_every
+                and now - last_dump >= self.stacks_every
+                and self.busy(now, 2.0) > 0.5
+            ):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self.remediator.pid, signal.SIGUSR1)
                     self.dumps += 1
@@ -906,6 +913,7 @@ async def run(args: argparse.Namespace) -> bool:  # noqa: PLR0915  one scenario,
                     started = time.time()
                     await asyncio.to_thread(remediator.wait_ready, 300)
                     ready = time.time()
+                    sampler.armed = True
                     print(
                         f"remediator ready (leader, node cache synced) in {ready - started:.1f} s", flush=True
                     )
