@@ -63,6 +63,7 @@ import pstats
 import random
 import re
 import signal
+import ssl
 import statistics
 import sys
 import tempfile
@@ -96,7 +97,7 @@ from tests.kube.controlplane import (  # noqa: E402  after sys.path
 )
 from tests.kube.deployed import render  # noqa: E402  after sys.path
 from tests.kube.kubelet import FakeKubelet  # noqa: E402  after sys.path
-from tests.kube.network import skew_proxy  # noqa: E402  after sys.path
+from tests.kube.network import Loop, SkewProxy  # noqa: E402  after sys.path
 from tests.kube.rest import Obj  # noqa: E402  after sys.path
 from tests.remediator.evidence_server import evidence_doc  # noqa: E402  after sys.path
 
@@ -370,6 +371,40 @@ def populate(plane: ControlPlane, workdir: Path, ship: Shipped, nodes: int) -> t
     if len(bound) < want:
         raise RuntimeError(f"only {len(bound)} of {want} pods were made by the controllers in 10 minutes")
     return token, len(budgets)
+
+
+class Proxy(SkewProxy):
+    """The harness's policy/v1 skew proxy, passing the API server's answers decompressed: it drops
+    Content-Encoding but passed a gzipped body (a list over 128 KiB: 100 nodes) as it came, which no
+    client can read."""
+
+    async def start(self) -> None:
+        await super().start()
+        raw = self._session
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=str(self.ca_file)), limit=0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+        )
+        if raw is not None:
+            await raw.close()
+
+
+@contextlib.contextmanager
+def skew_proxy(plane: ControlPlane) -> Iterator[str]:
+    loop = Loop()
+    proxy = Proxy(
+        upstream=plane.server,
+        ca_file=plane.pki.ca_cert,
+        cert_file=plane.pki.serving_cert,
+        key_file=plane.pki.serving_key,
+        host="127.0.0.1",
+    )
+    loop.run(proxy.start())
+    try:
+        yield f"https://127.0.0.1:{proxy.port}"
+    finally:
+        loop.run(proxy.stop())
+        loop.close()
 
 
 def kubeconfig(path: Path, *, server: str, ca: Path, token: str) -> Path:
