@@ -862,8 +862,11 @@ def workdir_of(path: str | None) -> Iterator[Path]:
 def node_actions(metrics: str) -> Counter[str]:
     done: Counter[str] = Counter()
     for labels, value in metric_values(metrics, "accel_remediator_actions_total"):
-        if labels.get("dry_run") == "false" and labels.get("outcome") in ("done", "started"):
-            done[f"{labels['action']} {labels['outcome']}"] += int(value)
+        outcome, action = labels.get("outcome"), labels.get("action")
+        # An evidence capture that failed still writes its node (the step's record), as it says.
+        wrote = outcome in ("done", "started") or (action == "evidence" and outcome == "failed")
+        if labels.get("dry_run") == "false" and wrote:
+            done[f"{action} {outcome}"] += int(value)
     return done
 
 
@@ -976,6 +979,7 @@ async def run(args: argparse.Namespace) -> bool:  # noqa: PLR0915  one scenario,
                     resend_writes = await asyncio.to_thread(audit.read)
                     async with session.get(remediator.url + "/metrics") as resp:
                         metrics = await resp.text()
+                    (workdir / "remediator-metrics.txt").write_text(metrics)
                     async with session.get(
                         remediator.url + "/state", headers={"Authorization": f"Bearer {WEBHOOK_TOKEN}"}
                     ) as resp:
@@ -1045,7 +1049,7 @@ def report(
     node_writes = sum(n for (_, r), n in by.items() if r in ("nodes", "nodes/status"))
     events = sum(n for (_, r), n in by.items() if r == "events")
     print(
-        f"  node actions taken (done, or a drain started): {actions}: "
+        f"  node actions taken (done, a drain started, an evidence capture failed): {actions}: "
         + ", ".join(f"{k} {n}" for k, n in sorted(done.items()))
     )
     print(f"  writes during the storm and the hold (audit log), by verb and resource: {len(writes)} requests")
