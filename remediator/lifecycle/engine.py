@@ -47,6 +47,8 @@ logger = logging.getLogger("remediator.decisions")
 AlertmanagerRead = Callable[[], Awaitable[AlertmanagerView | None]]
 MARKS = (CORDONED_BY, TAINTS_ADDED, EPISODES, DRAIN_STATUS)
 """Annotations that make a node this service's business (a change to such a node is looked at)."""
+NODE_BATCH = 32
+"""Nodes decided together when one payload names many (remediator/lifecycle/engine.py, `handle`)."""
 ALERTMANAGER_READ_SECONDS = 2.0
 """How long a new leader waits for its one Alertmanager read before it reports ready anyway (the
 poller keeps reading; until one answers, the nodes' records and the webhook are the desired state)."""
@@ -346,10 +348,20 @@ class Engine:
             if len(by_node) == 1:  # one node (most deliveries): no task of its own
                 await one(*next(iter(by_node.items())))
             else:
-                results = await asyncio.gather(
-                    *(one(node, indices) for node, indices in by_node.items()), return_exceptions=True
-                )
-                failure = next((r for r in results if isinstance(r, BaseException)), None)
+                # Many nodes (Alertmanager's view, thousands in a storm): NODE_BATCH nodes at a time,
+                # the event loop free between batches. All at once, their decisions (milliseconds
+                # each when nothing is written) ran in one turn of the loop: every delivery, probe
+                # and Lease renewal waited for the whole view (seconds at 5,000 alerts).
+                items = list(by_node.items())
+                failure: BaseException | None = None
+                for start in range(0, len(items), NODE_BATCH):
+                    if start:
+                        await asyncio.sleep(0)
+                    batch = items[start : start + NODE_BATCH]
+                    results = await asyncio.gather(
+                        *(one(node, indices) for node, indices in batch), return_exceptions=True
+                    )
+                    failure = failure or next((r for r in results if isinstance(r, BaseException)), None)
                 if failure is not None:
                     raise failure
             done = [p for p in plans if p is not None]

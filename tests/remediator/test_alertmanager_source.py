@@ -1,11 +1,13 @@
 """Reading Alertmanager's API v2: its alerts parsed (silenced and inhibited ones marked), the answers
-of an HA pair merged, startsAt read the same from the API and from webhooks, the poller's counters
-and the `--alertmanager-*` flags refused when unusable. Real Alertmanager for what it answers."""
+of an HA pair merged, startsAt read the same from the API and from webhooks, the poller's counters,
+its pace (a poke reads at once unless reads are slow; never a spin while not ready) and the
+`--alertmanager-*` flags refused when unusable. Real Alertmanager for what it answers."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from pathlib import Path
 
@@ -126,6 +128,37 @@ async def test_a_poke_while_not_leading_waits_for_the_lead_instead_of_spinning()
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await client.close()
+
+
+class _Shown(AlertmanagerClient):
+    """A client whose every read shows nothing, at once (no HTTP)."""
+
+    async def fetch(self) -> AlertmanagerView | None:
+        return AlertmanagerView(alerts={}, reached=("http://alertmanager:9093",))
+
+
+async def test_pokes_while_reads_are_slow_read_at_most_a_quarter_of_the_time() -> None:
+    reads: list[float] = []
+
+    def reconcile(_view: AlertmanagerView) -> None:
+        reads.append(time.monotonic())
+        time.sleep(0.1)  # a storm's thousands of alerts, decided on the event loop
+
+    poller = AlertmanagerPoller(
+        client=_Shown(AlertmanagerSettings(urls=("http://alertmanager:9093",))),
+        reconcile=reconcile,
+        ready=lambda: True,
+    )
+    task = asyncio.create_task(poller.run())
+    try:
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:  # a delivery every 10 ms, each a poke
+            await asyncio.sleep(0.01)
+            poller.poke()
+    finally:
+        task.cancel()
+    assert 2 <= len(reads) <= 7  # back to back would be 20 (a loaded machine reads fewer)
+    assert min(b - a for a, b in itertools.pairwise(reads)) >= 0.35
 
 
 @pytest.mark.parametrize(
