@@ -21,6 +21,7 @@ expiry (remediator/desired/firing.py) stay the desired state, and each such poll
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import ssl
 import time
@@ -85,6 +86,9 @@ class AlertmanagerView:
     """URLs that answered."""
     unreachable: Mapping[str, str] = field(default_factory=dict)
     """URL -> error, for those that did not."""
+    read_at: float | None = None
+    """When the read began (``time.monotonic()``): an alert a delivery said fires after that moment
+    may be missing from the answers without having resolved. None: not known (every absence counts)."""
 
 
 def _suppression(raw: Mapping[str, Any]) -> str:
@@ -188,6 +192,7 @@ class AlertmanagerClient:
     async def fetch(self) -> AlertmanagerView | None:
         """What the reachable Alertmanagers show now; None when none answered usefully."""
         urls = self.settings.urls
+        began = time.monotonic()
         results = await asyncio.gather(*(self._read(u) for u in urls), return_exceptions=True)
         answers: dict[str, list[ShownAlert]] = {}
         unreachable: dict[str, str] = {}
@@ -204,7 +209,7 @@ class AlertmanagerClient:
             )
         if not answers:
             return None
-        return merge_views(answers, unreachable)
+        return dataclasses.replace(merge_views(answers, unreachable), read_at=began)
 
 
 @dataclass
