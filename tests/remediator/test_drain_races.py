@@ -1,0 +1,85 @@
+"""Races around a drain running in the background, each driven to the moment it bites on the
+in-memory cluster: the drain's end and the Event of its start, a fail-over's Events, a drain whose
+alerts all resolved, an alert that arrives while the end of the node's drain is being written."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from remediator.cluster import DrainOutcome, DrainSettings
+from remediator.executors.snapshot import RecordingAws, SnapshotCluster
+from remediator.lifecycle.record import NodeRecord, RecordChange, read
+from tests.remediator.test_lifecycle import alert, engine_on, gpu, settled, work_pod
+
+DRAIN = 2
+"""The drain's index in test_lifecycle's `drain` rule (condition, cordon, drain, aws_set_unhealthy)."""
+
+
+def nodes() -> list[Any]:
+    return [gpu("gpu-1")] + [gpu(f"n{i}") for i in range(8)]
+
+
+def drained(record: NodeRecord, fingerprint: str) -> bool:
+    """Does the record say the episode's drain was decided (its end recorded)?"""
+    episode = record.episodes.get(fingerprint)
+    return episode is not None and bool(episode.steps >> DRAIN & 1)
+
+
+class EndDuringStartEvent(SnapshotCluster):
+    """The drain waits for the `nth` AccelDrainStarted Event, then ends while that Event is still
+    being written; `at_end` keeps the node's record as each drain's end wrote it."""
+
+    def __init__(self, *args: Any, nth: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.nth = nth
+        self.started_events = 0
+        self.go = asyncio.Event()
+        self.returned = asyncio.Event()
+        self.at_end: list[NodeRecord] = []
+
+    async def drain(
+        self,
+        node: str,
+        settings: DrainSettings,
+        *,
+        ended: Callable[[DrainOutcome], RecordChange | None] | None = None,
+    ) -> DrainOutcome:
+        await self.go.wait()
+        outcome = await super().drain(node, settings, ended=ended)
+        self.at_end.append(read(self.nodes[node].annotations))
+        self.returned.set()
+        return outcome
+
+    async def record_event(self, *, node: str, reason: str, message: str, type_: str) -> None:
+        if reason == "AccelDrainStarted":
+            self.started_events += 1
+            if self.started_events == self.nth:
+                self.go.set()
+                await self.returned.wait()  # the drain ends while this Event is written
+        await super().record_event(node=node, reason=reason, message=message, type_=type_)
+
+
+@pytest.mark.parametrize("joined", [False, True], ids=["started", "joined"])
+async def test_a_drain_ending_while_its_start_event_is_written_records_its_end_for_every_alert(
+    joined: bool,
+) -> None:
+    cluster = EndDuringStartEvent(nodes=nodes(), pods=[work_pod("gpu-1")], pdbs=[], nth=2 if joined else 1)
+    aws = RecordingAws()
+    engine = engine_on(cluster, aws=aws)
+    fingerprints = ["fp-1", "fp-2"] if joined else ["fp-1"]
+    for fingerprint in fingerprints:
+        await engine.handle(alert("gpu-1", fingerprint=fingerprint))
+    await settled(engine)
+    [at_end] = cluster.at_end
+    for fingerprint in fingerprints:  # the end's own write records it for each, whoever joined when
+        assert drained(at_end, fingerprint), fingerprint
+    assert at_end.phase == "repair"
+    by_alert = [(r.fingerprint, r.action, r.outcome) for r in engine.log.records()]
+    for fingerprint in fingerprints:
+        assert (fingerprint, "drain", "done") in by_alert
+    assert ("fp-1", "aws_set_unhealthy", "done") in by_alert
+    assert len(aws.calls) == 1
