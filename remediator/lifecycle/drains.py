@@ -176,9 +176,11 @@ class DrainRunner:
             details={**details, "timeout_seconds": action.timeout_seconds},
         )
 
-    def _ended(self, running: RunningDrain, outcome: DrainOutcome) -> RecordChange | None:
+    def _ended(self, running: RunningDrain, outcome: DrainOutcome) -> RecordChange:
         """The record of the drain's end: every alert still waiting on it has its drain decided, and
-        the node moves on (repair), or to a human when the drain could not end as it should."""
+        the node moves on (repair), or to a human when the drain could not end as it should; also
+        when every alert waiting on it resolved meanwhile (their episodes are not recorded again: the
+        node is drained all the same, and its phase says so)."""
         proceed = any(
             isinstance(a := w.rule.actions[w.index], Drain) and a.on_timeout == "proceed"
             for w in running.waiters.values()
@@ -195,8 +197,6 @@ class DrainRunner:
             for w in running.waiters.values()
             if w.resolved is None
         )
-        if not episodes:
-            return None
         return RecordChange(
             episodes=episodes, phase="repair" if onward else "escalated", at=int(self._clock())
         )

@@ -12,7 +12,7 @@ import pytest
 
 from remediator.cluster import DrainOutcome, DrainSettings
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster
-from remediator.lifecycle.record import NodeRecord, RecordChange, read
+from remediator.lifecycle.record import DRAIN_STATUS, NodeRecord, RecordChange, read
 from tests.remediator.test_lifecycle import alert, decisions, engine_on, gpu, settled, work_pod
 
 DRAIN = 2
@@ -126,3 +126,21 @@ async def test_a_new_leader_does_not_tell_again_what_the_previous_one_told_of_th
     assert len(aws.calls) == 1
     reasons = [e["reason"] for e in cluster.events]
     assert reasons == [*told, "AccelDrainFinished", "AccelInstanceMarkedUnhealthy"]  # each once
+
+
+async def test_a_drain_ending_after_all_its_alerts_resolved_moves_the_node_on_to_repair() -> None:
+    cluster = HeldDrains(nodes=nodes(), pods=[work_pod("gpu-1")], pdbs=[])
+    aws = RecordingAws()
+    engine = engine_on(cluster, aws=aws)
+    await engine.handle(alert("gpu-1"))
+    await cluster.draining.wait()
+    await engine.handle(alert("gpu-1", status="resolved"))  # resolves while the drain runs
+    cluster.finish.set()
+    await settled(engine)
+    assert [(r.action, r.outcome, r.status) for r in engine.log.records() if r.action != "none"][-2:] == [
+        ("drain", "done", "resolved"),
+        ("aws_set_unhealthy", "skipped", "resolved"),
+    ]
+    assert cluster.nodes["gpu-1"].annotations[DRAIN_STATUS] == "done"
+    assert read(cluster.nodes["gpu-1"].annotations).phase == "repair"  # drained: not `draining` any more
+    assert aws.calls == []
