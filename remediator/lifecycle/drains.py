@@ -122,6 +122,11 @@ class DrainRunner:
 
     async def start(self, ctx: Context, node: Node, action: Drain) -> ActionResult:
         running = None if ctx.dry_run else self.running.get(node.name)
+        if running is not None and (running.ending or running.ended):
+            # Its end is being recorded (without this alert): it is over for a newcomer, who would
+            # wait on it and never have its end recorded. A drain of its own starts (and, on a node
+            # drained, ends at once).
+            running = None
         if running is not None:
             return ActionResult(
                 "started",
@@ -185,6 +190,7 @@ class DrainRunner:
             isinstance(a := w.rule.actions[w.index], Drain) and a.on_timeout == "proceed"
             for w in running.waiters.values()
         )
+        running.ending = True
         onward = outcome.completed or (outcome.timed_out and proceed)
         episodes = tuple(
             Episode(

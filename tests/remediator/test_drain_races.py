@@ -144,3 +144,52 @@ async def test_a_drain_ending_after_all_its_alerts_resolved_moves_the_node_on_to
     assert cluster.nodes["gpu-1"].annotations[DRAIN_STATUS] == "done"
     assert read(cluster.nodes["gpu-1"].annotations).phase == "repair"  # drained: not `draining` any more
     assert aws.calls == []
+
+
+class EndWrittenSlowly(SnapshotCluster):
+    """The first drain's end is taken (`ended`) and then written slowly, as a PATCH to the API server
+    takes its time; `ends` keeps what each drain's end wrote to the record."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ends: list[RecordChange | None] = []
+        self.writing = asyncio.Event()
+        self.written = asyncio.Event()
+
+    async def drain(
+        self,
+        node: str,
+        settings: DrainSettings,
+        *,
+        ended: Callable[[DrainOutcome], RecordChange | None] | None = None,
+    ) -> DrainOutcome:
+        outcome = await self._drain(node, settings)
+        change = ended(outcome) if ended is not None else None
+        self.ends.append(change)
+        if len(self.ends) == 1:
+            self.writing.set()
+            await self.written.wait()
+        status = "done" if outcome.completed else ("timed-out" if outcome.timed_out else "refused")
+        self._replace_node(node, annotations=self._annotations(node, {DRAIN_STATUS: status}, change))
+        return outcome
+
+
+async def test_an_alert_arriving_while_the_drains_end_is_written_does_not_join_it() -> None:
+    cluster = EndWrittenSlowly(nodes=nodes(), pods=[work_pod("gpu-1")], pdbs=[])
+    engine = engine_on(cluster)
+    await engine.handle(alert("gpu-1", fingerprint="fp-1"))
+    await cluster.writing.wait()  # the end of fp-1's drain is taken, and being written
+    await engine.handle(alert("gpu-1", fingerprint="fp-2"))
+    cluster.written.set()
+    await settled(engine)
+    started = [r for r in engine.log.records() if r.fingerprint == "fp-2" and r.outcome == "started"]
+    assert [r.action for r in started] == ["drain"]
+    assert "joins the drain" not in started[0].reason  # it starts afresh
+    recorded = [e for change in cluster.ends if change is not None for e in change.episodes]
+    assert any(e.fingerprint == "fp-2" and e.steps >> DRAIN & 1 for e in recorded)  # its end recorded
+    by_alert = [(r.fingerprint, r.action, r.outcome) for r in engine.log.records()]
+    assert ("fp-1", "drain", "done") in by_alert
+    assert ("fp-2", "drain", "done") in by_alert
+    assert not engine.drains.running
+    assert cluster.nodes["gpu-1"].annotations[DRAIN_STATUS] == "done"
+    assert drained(read(cluster.nodes["gpu-1"].annotations), "fp-2")
