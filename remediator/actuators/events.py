@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from remediator.audit import Outcome
 from remediator.cluster import BackendUnavailable, EventSink
 from remediator.lifecycle.model import ActionResult, Context, Waiter
+from remediator.lifecycle.record import DRAIN_STATUS, read
 
 logger = logging.getLogger("remediator.decisions")
 
@@ -49,6 +50,11 @@ DONE_REASONS = {
 HOLD_EVERYTHING = frozenset({"pause", "breaker"})
 
 
+ALREADY_TOLD = frozenset({"AccelFaultDetected", "AccelDrainStarted"})
+"""Reasons told at most once per node and episode, whichever leader tells them: a new leader (after a
+fail-over or a restart) reads from the node whether the one before told them (`already_told`)."""
+
+
 FAILURE_REASONS = frozenset({"AccelDrainBlocked", "AccelActionFailed", "AccelEvidenceCaptureFailed"})
 """The Events `events: failures` keeps."""
 
@@ -71,6 +77,24 @@ def action_event(  # noqa: PLR0911  one return per kind of Event
     if outcome in ("done", "planned"):
         return NodeEvent("Normal", DONE_REASONS[action], text + suffix)
     return None
+
+
+def already_told(ctx: Context, reason: str) -> bool:
+    """Does the node, as read for this decision, show that the Event of `reason` was written for the
+    context's episode already (by the leader before a fail-over, or before a restart)? The fault seen
+    is told with the first step decided for the episode, whose write records the episode; the start
+    of a drain (or the join) is told for an episode recorded with every step before it decided while
+    the drain is in progress (the episodes a new leader resumes the drain for, lifecycle/node.py)."""
+    if reason not in ALREADY_TOLD or ctx.node is None or ctx.dry_run or ctx.alert.status != "firing":
+        return False
+    annotations = ctx.node.annotations
+    episode = read(annotations).episode(ctx.alert.fingerprint, ctx.start)
+    if episode is None:
+        return False
+    if reason == "AccelFaultDetected":
+        return True
+    waits = all(episode.done(i) for i in range(ctx.index)) and not episode.done(ctx.index)
+    return waits and annotations.get(DRAIN_STATUS) == "in-progress"
 
 
 class EventRecorder:
@@ -96,6 +120,8 @@ class EventRecorder:
             # record says so), and the Event of the first one told of the fault
         if not self._seen((alert.fingerprint, ctx.start, alert.status, "fault-seen", ctx.dry_run)):
             return None  # told already
+        if already_told(ctx, "AccelFaultDetected"):
+            return None
         alertname = alert.labels.get("alertname", "AcceleratorFault")
         summary = alert.annotations.get("summary") or alert.annotations.get("description") or ""
         message = f"{alertname} firing" + (f": {summary}" if summary else "") + f" (rule {ctx.rule.name})"
@@ -110,7 +136,9 @@ class EventRecorder:
             # leader): its Event was told then
         alertname = ctx.alert.labels.get("alertname", "AcceleratorFault")
         event = action_event(action, result.outcome, result.done or result.reason, alertname=alertname)
-        return event if event is not None and self.wanted(event) else None
+        if event is None or not self.wanted(event) or already_told(ctx, event.reason):
+            return None
+        return event
 
     @staticmethod
     def combine(seen: NodeEvent | None, event: NodeEvent | None) -> list[NodeEvent]:

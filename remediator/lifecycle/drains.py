@@ -122,6 +122,11 @@ class DrainRunner:
 
     async def start(self, ctx: Context, node: Node, action: Drain) -> ActionResult:
         running = None if ctx.dry_run else self.running.get(node.name)
+        if running is not None and (running.ending or running.ended):
+            # Its end is being recorded (without this alert): it is over for a newcomer, who would
+            # wait on it and never have its end recorded. A drain of its own starts (and, on a node
+            # drained, ends at once).
+            running = None
         if running is not None:
             # A drain resumed after a fail-over is joined again by the episodes that joined it then
             # (their earlier steps are on the node's record): told then, not again.
@@ -184,13 +189,16 @@ class DrainRunner:
             },
         )
 
-    def _ended(self, running: RunningDrain, outcome: DrainOutcome) -> RecordChange | None:
+    def _ended(self, running: RunningDrain, outcome: DrainOutcome) -> RecordChange:
         """The record of the drain's end: every alert still waiting on it has its drain decided, and
-        the node moves on (repair), or to a human when the drain could not end as it should."""
+        the node moves on (repair), or to a human when the drain could not end as it should; also
+        when every alert waiting on it resolved meanwhile (their episodes are not recorded again: the
+        node is drained all the same, and its phase says so)."""
         proceed = any(
             isinstance(a := w.rule.actions[w.index], Drain) and a.on_timeout == "proceed"
             for w in running.waiters.values()
         )
+        running.ending = True
         onward = outcome.completed or (outcome.timed_out and proceed)
         episodes = tuple(
             Episode(
@@ -203,8 +211,6 @@ class DrainRunner:
             for w in running.waiters.values()
             if w.resolved is None
         )
-        if not episodes:
-            return None
         return RecordChange(
             episodes=episodes, phase="repair" if onward else "escalated", at=int(self._clock())
         )

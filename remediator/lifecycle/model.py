@@ -236,6 +236,7 @@ class RunningDrain:
     settings: DrainSettings
     waiters: dict[tuple[Any, ...], Waiter] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
+    ending: bool = False  # its end's record was taken (`ended`), the write may be on its way: no join
     ended: bool = False  # Cluster.drain returned (or raised): only the bookkeeping is left
     stopped: str = ""  # why it was stopped before its end (a human's uncordon): recorded `stopped`
     resumed: bool = False  # started before (an earlier leader, or an interrupted start): told then

@@ -401,6 +401,7 @@ class Reconciler:
             held = self._gates.hold_everything(ctx) is not None
             seen = self._events.fault_seen(ctx, held=held)
             result = await self._decide_guarded(ctx, action)
+            self._wait_on_drain(ctx, key, result)
             if result.gate:
                 notes.append(f"{action.type}: gate {result.gate}: {result.reason}")
             if action.type in DISRUPTIVE and result.outcome in ("deferred", "failed"):
@@ -432,9 +433,6 @@ class Reconciler:
                     records.append(rec)
                 continue
             if result.outcome == "started":  # decided when the drain ends, with the actions after it
-                self._drains.running[node_name].waiters[key] = Waiter(
-                    key=key, alert=alert, rule=rule, index=index, steps=ctx.steps
-                )
                 self.pending.pop(key, None)
                 records.append(self._decisions.record(alert, **fields))
                 notes.append(f"{action.type}: the actions after it are decided when it ends")
@@ -445,6 +443,15 @@ class Reconciler:
                 ctx.steps |= 1 << index
             records.append(self._decisions.record(alert, **fields))
         return records
+
+    def _wait_on_drain(self, ctx: Context, key: Key, result: ActionResult) -> None:
+        """A drain started or joined: the alert waits on it from now, before the Event of its start
+        is written, so that a drain that ends meanwhile records its end for this alert too
+        (DrainRunner._ended) and decides the actions after it."""
+        if result.outcome == "started":
+            self._drains.running[ctx.node_name].waiters[key] = Waiter(
+                key=key, alert=ctx.alert, rule=ctx.rule, index=ctx.index, steps=ctx.steps
+            )
 
     async def _decide_guarded(self, ctx: Context, action: Action) -> ActionResult:
         """`_decide`, with the errors that retrying will not fix recorded as failed; what the gates

@@ -432,8 +432,8 @@ async def test_idempotency_outlives_the_processes_memory_the_node_remembers_the_
     await engine.handle(webhook(alert("n1")))
     assert counting.calls["set_condition"] == calls["set_condition"] == 1
     assert counting.calls["cordon"] == calls["cordon"] == 1
-    # Events write no node: a process that forgot runs the event action again, the one step the node
-    # does not record; that the fault was seen it does not tell again (the node records its steps).
+    # The fault seen is not told again (the node records the episode it was told with); the event
+    # action, the one step the node does not record, runs again.
     assert counting.calls["record_event"] == calls["record_event"] + 1
 
 
