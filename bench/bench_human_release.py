@@ -288,12 +288,14 @@ def figures(plane: ControlPlane, done: list[Rep]) -> bool:
             (at(e) for e in node_patches if user_of(e) == USER and at(e) > uncordoned), default=None
         )
         after = [t for t in asked if t > uncordoned]
+        late = [t for t in asked if release is None or t > release]
         last_eviction.append(max(asked) - uncordoned)
         slot.append(rep.slot_free)
         if release is not None:
             released.append(release - uncordoned)
         print(
-            f"  {rep.node}: {len(asked):3d} evictions asked ({len(after)} after), last at "
+            f"  {rep.node}: {len(asked):3d} evictions asked ({len(after)} after the uncordon, "
+            f"{len(late)} after the release write), last at "
             f"{max(asked) - uncordoned:+7.3f}; release write at "
             + (f"{release - uncordoned:+7.3f}" if release is not None else "   none")
             + f"; slot free at {rep.slot_free:+7.3f} (monotonic)"
@@ -324,6 +326,8 @@ def main() -> int:
         print(f"skipped: {reason}")
         return 0
     logging.basicConfig(level=logging.ERROR)
+    # The proxy's watch streams cut when a client closes: not this benchmark's business.
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
     with tempfile.TemporaryDirectory(prefix="accel-health-bench-") as tmp:
         workdir = Path(tmp)
         t0 = time.monotonic()
