@@ -387,12 +387,13 @@ def main() -> int:
     parser.add_argument("--faults", type=int, default=50, help="faults on other nodes per run (default 50)")
     parser.add_argument("--gap", type=float, default=0.2, help="largest random pause between faults, s")
     parser.add_argument("--seed", type=int, default=34)
+    parser.add_argument("--log-level", default="ERROR", help="the remediator's log level (default ERROR)")
     args = parser.parse_args()
     reason = control_plane_skip_reason()
     if reason:
         print(f"skipped: {reason}")
         return 0
-    logging.basicConfig(level=logging.ERROR)
+    logging.basicConfig(level=args.log_level.upper())
     # The proxy's watch streams cut when a client closes: not this benchmark's business.
     logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
     rng = random.Random(args.seed)
