@@ -32,7 +32,14 @@ from tests.kube.rest import ApiError, Rest
 _POLICY_V1 = re.compile(r"^/apis/policy/v1(/|$)")
 _EVICTION = re.compile(r"^/api/v1/namespaces/[^/]+/pods/[^/]+/eviction$")
 T = TypeVar("T")
-_HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "content-encoding"}
+_HOP_HEADERS = {
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "content-encoding",
+    "accept-encoding",
+}
 
 
 class Loop:
