@@ -17,7 +17,8 @@ from remediator.lifecycle.record import Episode, RecordChange, episode_start
 from remediator.policy import Rule
 
 MAX_PENDING = 10_000
-"""Deferred actions remembered at most (oldest forgotten first, with a log line)."""
+"""Deferred actions remembered at most; past it a new deferral is not remembered (counted, a log line a
+minute) while those remembered keep their place."""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -126,6 +127,10 @@ class Decisions:
         return record
 
 
+OVERFLOW_LOG_SECONDS = 60.0
+"""At most one log line this often for deferrals not remembered."""
+
+
 class Reconciler:
     """Decides each alert's actions against the nodes as observed, through the parts it is handed."""
 
@@ -161,6 +166,10 @@ class Reconciler:
         self._clock = clock
         self.pending: OrderedDict[Key, PendingAction] = OrderedDict()
         """Deferred actions by idempotency key, oldest first."""
+        self.pending_overflow = 0
+        """Deferrals not remembered because `MAX_PENDING` were (their alerts decide them again at the
+        next delivery or read of Alertmanager)."""
+        self._overflow_logged = -math.inf
         self.held: dict[str, dict[tuple[str, int, bool], tuple[Alert, Rule]]] = {}
         """node -> (fingerprint, startsAt, dry-run) -> a resolved alert whose reversals are held back
         by other causes still firing; released when the last cause resolves."""
@@ -202,14 +211,28 @@ class Reconciler:
             )
             self.pending.move_to_end(key)
             return None
+        if pending is None and len(self.pending) >= MAX_PENDING:
+            # Full: the deferral is not remembered (no record, no log line each time). Forgetting the
+            # oldest instead would, with more deferred actions than room and every read of
+            # Alertmanager deferring them again in the same order, forget each one just before it
+            # comes round again: a new record and a log line for every action of every read.
+            self.pending_overflow += 1
+            now = self._clock()
+            if now - self._overflow_logged >= OVERFLOW_LOG_SECONDS:
+                self._overflow_logged = now
+                logger.warning(
+                    "%d deferred actions remembered, the most kept: %s is not (nor others, %d so far; "
+                    "their alerts decide them again when next delivered or read)",
+                    len(self.pending),
+                    fields.get("action", "an action"),
+                    self.pending_overflow,
+                )
+            return None
         record = self._decisions.record(alert, **fields)
         first = pending.first_deferred if pending is not None else self._clock()
         evaluations = pending.evaluations + 1 if pending is not None else 1
         self.pending[key] = PendingAction(record=record, first_deferred=first, evaluations=evaluations)
         self.pending.move_to_end(key)
-        while len(self.pending) > MAX_PENDING:
-            _, oldest = self.pending.popitem(last=False)
-            logger.warning("forgetting the oldest deferred action (%s)", oldest.record.log_line())
         return record
 
     # -- one alert -------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ node's life once, the way issue 34 found them going wrong:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,6 +38,7 @@ from remediator.cluster import (
 from remediator.desired.alertmanager import AlertmanagerView
 from remediator.executors.snapshot import AwsOff, RecordingAws, SnapshotCluster
 from remediator.intake.payload import WebhookPayload, parse_payload
+from remediator.lifecycle import steps
 from remediator.lifecycle.engine import Engine
 from remediator.lifecycle.model import EngineSettings
 from remediator.lifecycle.phases import PHASES
@@ -455,6 +457,31 @@ async def test_a_drain_whose_alert_resolved_meanwhile_is_ended_and_holds_no_slot
     await settled(engine)
     await engine.refresh()
     assert engine.gates.budget.in_use == 0
+
+
+# -- many deferred actions -----------------------------------------------------------------------
+
+
+async def test_deferrals_past_the_cap_are_not_remembered_and_those_remembered_are_not_churned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """More deferred actions than room, deferred again in the same order at every read: those
+    remembered keep their place and their record, the others are counted, not recorded each time
+    (forgetting the oldest made every deferral of every read a new record and a log line)."""
+    monkeypatch.setattr(steps, "MAX_PENDING", 3)
+    cluster = SnapshotCluster(nodes=[gpu(f"n{i}") for i in range(8)], pods=[], pdbs=[])
+    engine = engine_on(cluster)
+    await engine.handle(alert("n0", fingerprint="fp-0"))  # cordoned; its later steps and every
+    # other node's wait on the gates (the budget's one slot, then the breaker: 7 of 8 nodes alerting)
+    faults = tuple(a for i in range(1, 7) for a in alert(f"n{i}", fingerprint=f"fp-{i}").alerts)
+    for _ in range(3):  # three reads of Alertmanager showing the same six faults
+        await engine.handle(dataclasses.replace(alert("n1"), alerts=faults))
+    deferred = [r for r in engine.log.records() if r.outcome == "deferred"]
+    assert len(engine.reconciler.pending) == 3
+    assert len(deferred) == 3  # one record each for the three remembered, none again
+    assert engine.reconciler.pending_overflow > 0
+    assert cordoned(cluster, "n0")
+    assert not any(cordoned(cluster, f"n{i}") for i in range(1, 7))
 
 
 # -- telemetry, AWS intents -----------------------------------------------------------------------
