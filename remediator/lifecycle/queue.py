@@ -24,6 +24,8 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
+from remediator.cluster import NotLeader
+
 logger = logging.getLogger("remediator.lifecycle")
 
 Reconcile = Callable[[str], Awaitable[None]]
@@ -52,6 +54,8 @@ class NodeQueue:
         self._idle.set()
         self._workers = max(1, workers)
         self._retry_seconds = retry_seconds
+        self.deferred = 0
+        """Reconciles a replica that did not lead (or not at that moment) left for later."""
         self._tasks: list[asyncio.Task[None]] = []
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self.reconciles = 0
@@ -160,6 +164,12 @@ class NodeQueue:
                     await reconcile(node)
             except asyncio.CancelledError:
                 raise
+            except NotLeader as exc:  # not an error: the leader acts; looked at again, quietly
+                self.deferred += 1
+                logger.debug(
+                    "reconcile of %s left for now (%s); tried again in %.0f s", node, exc, self._retry_seconds
+                )
+                self.add_after(node, self._retry_seconds)
             except Exception:  # retried: a reconcile is level-triggered, running it again is safe
                 self.failures += 1
                 logger.exception("reconcile of %s failed; tried again in %.0f s", node, self._retry_seconds)

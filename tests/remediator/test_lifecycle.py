@@ -32,6 +32,7 @@ from remediator.cluster import (
     DrainOutcome,
     DrainSettings,
     Node,
+    NotLeader,
     OwnerReference,
     Pod,
 )
@@ -274,6 +275,32 @@ async def test_a_humans_uncordon_mid_drain_stops_it_and_nothing_after_it_runs() 
     await settled(engine)
     assert not cordoned(cluster, "gpu-1")
     assert aws.calls == []
+
+
+class LostLead(SnapshotCluster):
+    """A replica whose Lease went to another one: its node writes are refused."""
+
+    lead = True
+
+    async def annotate_node(self, node: str, annotations: Any, *, record: Any = None) -> None:
+        if not self.lead:
+            raise NotLeader("not the leader; refusing to annotate")
+        await super().annotate_node(node, annotations, record=record)
+
+
+async def test_a_replica_that_does_not_lead_leaves_a_node_for_later_without_an_error() -> None:
+    """The watch queues a human's uncordon on every replica; one that lost the lead (or whose renewal
+    runs late) is refused the release write: not an error, looked at again later, quietly."""
+    cluster = LostLead(nodes=[gpu("gpu-1")] + [gpu(f"n{i}") for i in range(8)], pods=[], pdbs=[])
+    engine = engine_on(cluster)
+    await engine.handle(alert("gpu-1", remediation="cordon"))
+    cluster.lead = False
+    cluster.change_node("gpu-1", unschedulable=False)  # kubectl uncordon
+    await settled(engine)
+    assert engine.queue.failures == 0
+    assert engine.queue.deferred == 1  # looked at, left for later
+    assert CORDONED_BY in cluster.nodes["gpu-1"].annotations  # the leader writes the release
+    await engine.queue.stop()
 
 
 async def test_a_taint_removed_by_someone_else_releases_the_node() -> None:
