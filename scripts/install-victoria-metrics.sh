@@ -37,28 +37,11 @@ if [ "${1:-}" = "--installed" ]; then
     exit 1
 fi
 
-# The archive this machine already uses (the first deb.debian.org-style URI in its sources), so a
-# mirror configured there is used here too.
-mirror="$(
-    { grep -rhs '^URIs:' /etc/apt/sources.list.d/ | awk '{print $2}'
-      grep -hs '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list | awk '{print $2}'; } \
-    | grep -v -- '-security' | grep -m1 'debian' || true
-)"
-mirror="${mirror:-http://deb.debian.org/debian}"
-
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/accel-health-vm.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
-mkdir -p "$WORK/lists/partial" "$WORK/cache/archives/partial"
-echo "deb $mirror $SUITE main" > "$WORK/sources.list"
-apt_private=(
-    -o "Dir::Etc::SourceList=$WORK/sources.list"
-    -o "Dir::Etc::SourceParts=$WORK/none"
-    -o "Dir::State::Lists=$WORK/lists"
-    -o "Dir::Cache=$WORK/cache"
-    -o "APT::Sandbox::User=$(id -un)"
-)
-echo "fetching victoria-metrics $VERSION from Debian $SUITE ($mirror), once" >&2
-apt-get -qq "${apt_private[@]}" update >&2
+# shellcheck source=scripts/private-apt.sh
+. "$(dirname "$0")/private-apt.sh"
+private_apt "$SUITE" "$WORK" "victoria-metrics $VERSION"
 (cd "$WORK" && apt-get -qq "${apt_private[@]}" download "victoria-metrics=$VERSION" >&2) || {
     echo "victoria-metrics $VERSION is no longer in Debian $SUITE: pin the version it has (VERSION and" >&2
     echo "SHA256 in $0) and run \`make rules-engines\` to see what the new release changes" >&2
