@@ -13,7 +13,7 @@ import pytest
 from remediator.cluster import DrainOutcome, DrainSettings
 from remediator.executors.snapshot import RecordingAws, SnapshotCluster
 from remediator.lifecycle.record import DRAIN_STATUS, NodeRecord, RecordChange, read
-from tests.remediator.test_lifecycle import alert, decisions, engine_on, gpu, settled, work_pod
+from tests.remediator.test_lifecycle import HeldDrains, alert, decisions, engine_on, gpu, settled, work_pod
 
 DRAIN = 2
 """The drain's index in test_lifecycle's `drain` rule (condition, cordon, drain, aws_set_unhealthy)."""
@@ -85,33 +85,13 @@ async def test_a_drain_ending_while_its_start_event_is_written_records_its_end_f
     assert len(aws.calls) == 1
 
 
-class HeldDrains(SnapshotCluster):
-    """A snapshot whose drains run until the test lets them end."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.draining = asyncio.Event()
-        self.finish = asyncio.Event()
-
-    async def drain(
-        self,
-        node: str,
-        settings: DrainSettings,
-        *,
-        ended: Callable[[DrainOutcome], RecordChange | None] | None = None,
-    ) -> DrainOutcome:
-        self.draining.set()
-        await self.finish.wait()
-        return await super().drain(node, settings, ended=ended)
-
-
 async def test_a_new_leader_does_not_tell_again_what_the_previous_one_told_of_the_episode() -> None:
     """The first leader cordons, starts the drain and tells of each, then hands over mid-drain; the
     new one resumes the drain: the fault seen and the drain's start are not told twice."""
     cluster = HeldDrains(nodes=nodes(), pods=[work_pod("gpu-1")], pdbs=[])
     first = engine_on(cluster)
     await first.handle(alert("gpu-1"))
-    await cluster.draining.wait()
+    await cluster.draining.setdefault("gpu-1", asyncio.Event()).wait()
     await first.stop()  # a graceful hand-over: the drain is left in progress
     cluster._listeners.clear()  # and the first leader's watch of the nodes ends with it
     told = [e["reason"] for e in cluster.events]
@@ -133,7 +113,7 @@ async def test_a_drain_ending_after_all_its_alerts_resolved_moves_the_node_on_to
     aws = RecordingAws()
     engine = engine_on(cluster, aws=aws)
     await engine.handle(alert("gpu-1"))
-    await cluster.draining.wait()
+    await cluster.draining.setdefault("gpu-1", asyncio.Event()).wait()
     await engine.handle(alert("gpu-1", status="resolved"))  # resolves while the drain runs
     cluster.finish.set()
     await settled(engine)
